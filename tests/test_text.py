@@ -1,0 +1,84 @@
+"""Splitting and limits: the privacy unit is the segment the splitter produces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sentdp.errors import InputError, LimitError
+from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
+
+GOLD = Path(__file__).parent / "data" / "splitter_gold.jsonl"
+
+
+@pytest.fixture(scope="module")
+def splitter() -> SentenceSplitter:
+    return SentenceSplitter()
+
+
+def test_hand_checked_sample_is_split_correctly(splitter: SentenceSplitter) -> None:
+    cases = [json.loads(line) for line in GOLD.read_text().splitlines()]
+    exact = sum(splitter.tokenize(c["text"]) == c["sentences"] for c in cases)
+    assert exact >= 24, f"only {exact} of {len(cases)} passages split exactly"
+    # The known miss merges two sentences (safe); nothing is split inside a sentence.
+    for case in cases:
+        for produced in splitter.tokenize(case["text"]):
+            assert not any(produced != s and produced in s for s in case["sentences"])
+
+
+def test_titles_and_paragraphs_never_merge(splitter: SentenceSplitter) -> None:
+    text = "Ad sales boost Time Warner profit\n\nQuarterly profits jumped 76%.  The firm was pleased.\n"
+    assert splitter.tokenize(text) == [
+        "Ad sales boost Time Warner profit",
+        "Quarterly profits jumped 76%.",
+        "The firm was pleased.",
+    ]
+
+
+def test_spans_point_at_the_sentences_in_the_original_text(splitter: SentenceSplitter) -> None:
+    text = "  First one here.  Second one?\n\n  Third!  "
+    spans = list(splitter.span_tokenize(text))
+    assert [text[a:b] for a, b in spans] == ["First one here.", "Second one?", "Third!"]
+
+
+def test_long_sentences_are_truncated_and_whitespace_collapsed(splitter: SentenceSplitter) -> None:
+    limits = TextLimits(max_sentences=10, max_sentence_chars=12)
+    assert split_document("A very   long sentence indeed. Short.", splitter, limits) == [
+        "A very long ",
+        "Short.",
+    ]
+
+
+def test_too_many_sentences_raise_a_limit_error(splitter: SentenceSplitter) -> None:
+    limits = TextLimits(max_sentences=3)
+    with pytest.raises(LimitError, match="4 sentences, more than the limit of 3"):
+        split_document("One. Two. Three. Four.", splitter, limits)
+    with pytest.raises(LimitError, match="more than the limit"):
+        prepare_sentences(["word"] * 10_000, limits)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\n\n"])
+def test_empty_documents_are_refused(splitter: SentenceSplitter, text: str) -> None:
+    with pytest.raises(InputError, match="the document is empty"):
+        split_document(text, splitter, TextLimits())
+
+
+def test_presplit_sentences_are_kept_as_units() -> None:
+    out = prepare_sentences(["Dr. No.", "  Yes. Really.  "], TextLimits())
+    assert out == ["Dr. No.", "Yes. Really."]
+    with pytest.raises(InputError, match="sentence 1 is empty"):
+        prepare_sentences(["fine", "  "], TextLimits())
+    with pytest.raises(InputError, match="sentence 0 must be a string"):
+        prepare_sentences([3], TextLimits())  # type: ignore[list-item]
+
+
+def test_non_string_documents_are_refused(splitter: SentenceSplitter) -> None:
+    with pytest.raises(InputError, match="must be a string"):
+        split_document(b"bytes", splitter, TextLimits())  # type: ignore[arg-type]
+
+
+def test_splitter_describes_itself_for_the_bundle(splitter: SentenceSplitter) -> None:
+    assert splitter.describe()["name"] == "nupunkt"
+    assert splitter.describe()["version"] == "0.8.0"
