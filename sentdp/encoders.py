@@ -61,7 +61,7 @@ class SentenceEncoder:
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
         self.path = Path(model_dir) if model_dir is not None else default_encoder_path()
         if not (self.path / "modules.json").is_file():
@@ -70,7 +70,7 @@ class SentenceEncoder:
         self.batch_size = batch_size
         self._model = SentenceTransformer(str(self.path), device=self.device, local_files_only=True)
         self._model.eval()
-        self.max_tokens = int(self._model.max_seq_length)
+        self.max_tokens = int(self._model.max_seq_length or LENGTH_BUCKETS[-1])
         dim = self._model.get_embedding_dimension()
         if dim is None:
             raise InputError(f"cannot tell the embedding size of the encoder at {self.path}")

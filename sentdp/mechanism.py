@@ -31,6 +31,7 @@ from sentdp.sampling import (
     GAMMA,
     SAMPLER_ABS_ERROR,
     RandomBytes,
+    SelectionPlan,
     SystemRandomBytes,
     draw,
     draw_words,
@@ -109,6 +110,22 @@ def selection_log_probs(utilities: npt.ArrayLike, epsilon: float) -> FloatArray:
     return mixed
 
 
+def sample_from_utilities(
+    utilities: npt.ArrayLike, epsilon: float, rng: RandomBytes | None = None
+) -> int:
+    """Sample like :meth:`DeepCandidate.sample` from utilities already computed.
+
+    For evaluation and tuning, which reuse one document's utilities across many epsilons.
+    """
+    u = np.asarray(utilities, dtype=np.float64)
+    deviations = np.rint(-2.0 * u).astype(np.int64)
+    if u.ndim != 1 or deviations.min() < 0 or not np.array_equal(deviations, -2.0 * u):
+        raise InputError("utilities must be a vector of non-positive half-integers")
+    plan = plan_selection(deviations, mechanism_epsilon(epsilon, u.shape[0]))
+    (words,) = draw_words(rng if rng is not None else SystemRandomBytes(), 1)
+    return draw(plan, words)
+
+
 class DeepCandidate:
     """The mechanism over a fixed public candidate set F and fixed public directions V.
 
@@ -166,6 +183,31 @@ class DeepCandidate:
         """Privately pick one candidate index for one document (epsilon-SentDP)."""
         return int(self.sample_batch([sentences], [epsilon], None if p is None else [p], rng)[0])
 
+    def plan_batch(
+        self,
+        documents: Sequence[npt.ArrayLike],
+        epsilons: Sequence[float],
+        ps: Sequence[int] | None = None,
+    ) -> list[SelectionPlan]:
+        """Validate a batch and compute every document's selection plan; draws no randomness.
+
+        Each document has its own k, epsilon and p. An error here means the mechanism has
+        not run for any document of the batch.
+        """
+        if len(epsilons) != len(documents):
+            raise InputError(f"got {len(documents)} documents but {len(epsilons)} epsilons")
+        run_at = [mechanism_epsilon(eps, self.m) for eps in epsilons]
+        deviations = self._deviations(documents, ps)
+        return [plan_selection(d, eps) for d, eps in zip(deviations, run_at, strict=True)]
+
+    @staticmethod
+    def draw_plans(
+        plans: Sequence[SelectionPlan], rng: RandomBytes | None = None
+    ) -> npt.NDArray[np.int64]:
+        """Draw one candidate per plan: exactly 32 random bytes each, from the CSPRNG by default."""
+        words = draw_words(rng if rng is not None else SystemRandomBytes(), len(plans))
+        return np.array([draw(plan, w) for plan, w in zip(plans, words, strict=True)], np.int64)
+
     def sample_batch(
         self,
         documents: Sequence[npt.ArrayLike],
@@ -175,14 +217,7 @@ class DeepCandidate:
     ) -> npt.NDArray[np.int64]:
         """Pick one candidate per document; each document has its own k, epsilon and p.
 
-        Every argument is validated before any randomness is drawn, so an error here means
-        the mechanism did not run for any document of the batch. ``rng`` defaults to the
+        Every argument is validated before any randomness is drawn. ``rng`` defaults to the
         operating system's CSPRNG; pass a seeded ``numpy.random.Generator`` only in tests.
         """
-        if len(epsilons) != len(documents):
-            raise InputError(f"got {len(documents)} documents but {len(epsilons)} epsilons")
-        run_at = [mechanism_epsilon(eps, self.m) for eps in epsilons]
-        deviations = self._deviations(documents, ps)
-        plans = [plan_selection(d, eps) for d, eps in zip(deviations, run_at, strict=True)]
-        words = draw_words(rng if rng is not None else SystemRandomBytes(), len(plans))
-        return np.array([draw(plan, w) for plan, w in zip(plans, words, strict=True)], np.int64)
+        return self.draw_plans(self.plan_batch(documents, epsilons, ps), rng)

@@ -34,3 +34,25 @@ def bentoml_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("BENTOML_HOME", None)
     else:
         os.environ["BENTOML_HOME"] = previous
+
+
+def postgres_url() -> str | None:
+    return os.environ.get("SENTDP_TEST_POSTGRES_URL")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """(url, schema) of a fresh ledger: its own SQLite file, or its own PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.sqlite3'}", "public"
+        return
+    url = postgres_url()
+    if url is None:
+        pytest.skip("SENTDP_TEST_POSTGRES_URL is not set (.ci/test sets it)")
+    import uuid
+
+    from service.ledger.postgres import PostgresLedger
+
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    yield url, schema
+    PostgresLedger(url, schema).drop_schema()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +56,7 @@ def test_encoder_directory_must_be_a_sentence_transformers_model(tmp_path: Path)
 
 def random_mlp(rng: np.random.Generator, sizes: list[int]) -> MLP:
     return MLP(
-        weights=tuple(rng.standard_normal((a, b)) for a, b in zip(sizes, sizes[1:], strict=False)),
+        weights=tuple(rng.standard_normal((a, b)) for a, b in itertools.pairwise(sizes)),
         biases=tuple(rng.standard_normal(b) for b in sizes[1:]),
     )
 

@@ -1,0 +1,105 @@
+"""``sentdp-admin``: operator commands for tenants, keys and budgets.
+
+* ``new-key --tenant ID [--max-epsilon E --group-size G --budget B]``: add a tenant (or a key to
+  an existing one) to the tenants file and print the new API key once.
+* ``budget --tenant ID --user U``: a user's spending in the current period.
+* ``new-period --tenant ID --user U``: start a new period for a user (Σε back to 0). The
+  privacy guarantee then holds per period; use it only when your policy says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from sentdp.accounting import to_epsilon
+from service.ledger import open_ledger
+from service.settings import load_settings
+from service.tenants import Tenant, TenantsFile, hash_key, new_key
+
+
+def _read(path: Path) -> TenantsFile:
+    if not path.is_file():
+        return TenantsFile()
+    return TenantsFile.model_validate(json.loads(path.read_text()))
+
+
+def _write(path: Path, tenants: TenantsFile) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(tenants.model_dump_json(indent=2))
+    os.chmod(partial, 0o600)
+    os.replace(partial, path)
+
+
+def add_key(path: Path, tenant_id: str, max_epsilon: float, group_size: int, budget: float) -> str:
+    """Add a key (and the tenant, if new) to the tenants file; return the key."""
+    key = new_key()
+    tenants = _read(path)
+    existing = {t.id: t for t in tenants.tenants}
+    if tenant_id in existing:
+        current = existing[tenant_id]
+        updated = current.model_copy(update={"key_sha256": [*current.key_sha256, hash_key(key)]})
+    else:
+        updated = Tenant(
+            id=tenant_id,
+            key_sha256=[hash_key(key)],
+            max_epsilon=max_epsilon,
+            group_size=group_size,
+            budget=budget,
+        )
+    existing[tenant_id] = updated
+    _write(path, TenantsFile(tenants=list(existing.values())))
+    return key
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="sentdp-admin", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    key = commands.add_parser("new-key", help="add a tenant or an API key; prints the key")
+    key.add_argument("--tenant", required=True)
+    key.add_argument("--max-epsilon", type=float, default=10.0)
+    key.add_argument("--group-size", type=int, default=1)
+    key.add_argument("--budget", type=float, default=100.0)
+    key.add_argument("--key-file", type=Path, help="also write the key to this file (mode 600)")
+    for name in ("budget", "new-period"):
+        sub = commands.add_parser(name)
+        sub.add_argument("--tenant", required=True)
+        sub.add_argument("--user", required=True)
+    args = parser.parse_args(argv)
+    settings = load_settings()
+    if args.command == "new-key":
+        secret = add_key(
+            settings.tenants_file, args.tenant, args.max_epsilon, args.group_size, args.budget
+        )
+        if args.key_file:
+            args.key_file.parent.mkdir(parents=True, exist_ok=True)
+            args.key_file.write_text(secret + "\n")
+            os.chmod(args.key_file, 0o600)
+        print(secret)
+        print(f"tenant {args.tenant} saved in {settings.tenants_file}", file=sys.stderr)
+        return
+    ledger = open_ledger(settings.ledger_url, settings.ledger_schema)
+    account = (
+        ledger.new_period(args.tenant, args.user)
+        if args.command == "new-period"
+        else ledger.account(args.tenant, args.user)
+    )
+    print(
+        json.dumps(
+            {
+                "tenant": account.tenant,
+                "user": account.user,
+                "spent_epsilon": to_epsilon(account.spent_micro),
+                "documents": account.documents,
+                "period": account.period,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

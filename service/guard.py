@@ -1,0 +1,181 @@
+"""ASGI middleware in front of the API: authenticate, then bound the body, before any parsing.
+
+* 401 when the ``Authorization: Bearer <key>`` header is missing or names no tenant; the
+  tenant id is then put in ``scope["state"]["sentdp_tenant"]`` for the API.
+* 413 when the body is larger than the limit (by Content-Length or as it streams in).
+* 400 when the JSON nests deeper than the limit (a deep body would otherwise exhaust the
+  parser's recursion and come back as a 500).
+
+Health, metrics and docs routes pass through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from service.tenants import TenantRegistry
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PROTECTED_PATHS = frozenset({"/privatize", "/classify", "/budget"})
+
+
+async def send_error(send: Send, status: int, code: str, message: str) -> None:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def json_depth_exceeds(body: bytes, limit: int) -> bool:
+    """Whether brackets nest deeper than ``limit`` (outside strings); linear, no recursion."""
+    depth = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def uniform_errors(send: Send) -> Send:
+    """Rewrite BentoML's own 400 bodies (``{"error": str, "detail": [...]}``) into sentdp's
+    shape ``{"error": {"code": "invalid_body", "message": ..., "detail": [...]}}``."""
+    held: Message | None = None
+
+    async def wrapped(message: Message) -> None:
+        nonlocal held
+        if message["type"] == "http.response.start" and message["status"] == 400:
+            held = message
+            return
+        if held is None or message["type"] != "http.response.body":
+            await send(message)
+            return
+        start, held = held, None
+        body = message.get("body", b"")
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("error"), str):
+            error = {"code": "invalid_body", "message": data["error"]}
+            if "detail" in data:
+                error["detail"] = data["detail"]
+            body = json.dumps({"error": error}).encode()
+            headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+            start = {**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+        await send(start)
+        await send({**message, "body": body})
+
+    return wrapped
+
+
+def bearer_token(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            text = value.decode("latin-1").strip()
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return str(token.strip())
+    return None
+
+
+class GuardMiddleware:
+    """Authenticate and bound requests to the protected routes."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        registry_loader: Callable[[], TenantRegistry],
+        max_body_bytes: int,
+        max_json_depth: int,
+    ) -> None:
+        self.app = app
+        self._loader = registry_loader
+        self._registry: TenantRegistry | None = None
+        self.max_body_bytes = max_body_bytes
+        self.max_json_depth = max_json_depth
+
+    @property
+    def registry(self) -> TenantRegistry:
+        if self._registry is None:
+            self._registry = self._loader()
+        return self._registry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") not in PROTECTED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        tenant = self.registry.authenticate(bearer_token(scope))
+        if tenant is None:
+            await send_error(
+                send,
+                401,
+                "unauthorized",
+                "missing or invalid API key: send 'Authorization: Bearer <key>'",
+            )
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+                await send_error(send, 413, "body_too_large", self._too_large())
+                return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                await send_error(send, 413, "body_too_large", self._too_large())
+                return
+            chunks.append(chunk)
+            more = bool(message.get("more_body", False))
+        body = b"".join(chunks)
+        if json_depth_exceeds(body, self.max_json_depth):
+            await send_error(
+                send, 400, "invalid_body", f"JSON nested deeper than {self.max_json_depth} levels"
+            )
+            return
+        scope.setdefault("state", {})["sentdp_tenant"] = tenant.id
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, uniform_errors(send))
+
+    def _too_large(self) -> str:
+        return f"the request body is larger than {self.max_body_bytes} bytes"

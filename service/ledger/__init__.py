@@ -1,0 +1,34 @@
+"""Privacy-budget ledgers: :mod:`.base` holds the interface and transaction logic,
+:mod:`.sqlite` the embedded default, :mod:`.postgres` the backend for several replicas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+from service.ledger.base import SqlLedger
+
+
+def open_ledger(url: str, schema: str = "public", pending_timeout: float = 300.0) -> SqlLedger:
+    """A ledger from a URL, initialised.
+
+    ``sqlite:///relative/file.db`` or ``sqlite:////absolute/file.db`` (SQLAlchemy's
+    convention), or ``postgresql://user@host:port/database``.
+    """
+    parsed = urlparse(url)
+    ledger: SqlLedger
+    if parsed.scheme == "sqlite":
+        if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
+            raise ValueError(f"the SQLite ledger URL needs a file path: {url!r}")
+        path = url[len("sqlite:///") :]
+        from service.ledger.sqlite import SqliteLedger
+
+        ledger = SqliteLedger(Path(path), pending_timeout=pending_timeout)
+    elif parsed.scheme in {"postgresql", "postgres"}:
+        from service.ledger.postgres import PostgresLedger
+
+        ledger = PostgresLedger(url, schema=schema, pending_timeout=pending_timeout)
+    else:
+        raise ValueError(f"unsupported ledger URL {url!r}: use sqlite:///path or postgresql://")
+    ledger.initialise()
+    return ledger

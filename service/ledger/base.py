@@ -1,0 +1,412 @@
+"""The privacy-budget ledger: one interface, one transaction logic, two SQL backends.
+
+Every debit is one atomic check-and-debit statement inside one transaction that also records
+the per-document charge rows and the idempotency row, so no crash leaves half of a request in
+the database. Charges move ``reserved -> final`` (the mechanism ran or may have run) or
+``reserved -> refunded`` (it certainly drew no randomness). A crash between the two leaves
+them ``reserved``: still counted, so the ledger may over-charge but never under-charges.
+Invariant: ``accounts.spent_micro`` = sum of this period's charges that are not refunded.
+
+Compatibility promise for the schema (``sentdp_meta.schema_version``): columns are never
+removed and never change meaning; new columns are nullable or have defaults.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import re
+import secrets
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sentdp.accounting import Charge, admits
+
+SCHEMA_VERSION = 1
+IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+
+
+@dataclass(frozen=True)
+class Account:
+    """A user's spending in the current period, in micro-epsilon."""
+
+    tenant: str
+    user: str
+    spent_micro: int
+    documents: int
+    period: int
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A tenant's rule: groups of ``group_size`` sentences, ``limit_micro`` group-micro-epsilon."""
+
+    group_size: int
+    limit_micro: int
+
+
+@dataclass(frozen=True)
+class IdempotencyKey:
+    """A client's retry key for one logical request, with an HMAC of the request body."""
+
+    key: str
+    body_hmac: str
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A successful debit: one charge row per document, and the account after it."""
+
+    charge_ids: list[int]
+    account: Account
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A completed request with the same idempotency key: return its stored response."""
+
+    response: str
+
+
+class LedgerError(Exception):
+    """Base of the ledger's refusals."""
+
+
+class BudgetExhaustedError(LedgerError):
+    def __init__(self, account: Account, charge: Charge, policy: Policy) -> None:
+        super().__init__("privacy budget exhausted")
+        self.account = account
+        self.charge = charge
+        self.policy = policy
+
+
+class IdempotencyInFlightError(LedgerError):
+    """Another request with the same key has not finished."""
+
+
+class IdempotencyMismatchError(LedgerError):
+    """The key was used before with a different request body."""
+
+
+_NAMED = re.compile(r":([a-z_]+)")
+
+
+class SqlLedger(abc.ABC):
+    """Transaction logic shared by the SQLite and PostgreSQL backends."""
+
+    placeholder_style = "named"  # ":name" (SQLite); PostgreSQL converts to "%(name)s"
+    autoincrement = "INTEGER PRIMARY KEY AUTOINCREMENT"
+
+    def __init__(self, pending_timeout: float = 300.0) -> None:
+        self.pending_timeout = pending_timeout
+        self._local = threading.local()
+        self._connections: list[Any] = []
+        self._lock = threading.Lock()
+
+    # --- backend hooks -------------------------------------------------------------------
+    @abc.abstractmethod
+    def _connect(self) -> Any:
+        """A new DB-API connection in manual-transaction mode."""
+
+    @abc.abstractmethod
+    @contextmanager
+    def _write_transaction(self, conn: Any) -> Iterator[Any]:
+        """A transaction that may write: yields a cursor; commits or rolls back."""
+
+    def _lock_clause(self) -> str:
+        return ""
+
+    def _sql(self, text: str) -> str:
+        return text
+
+    # --- plumbing ------------------------------------------------------------------------
+    def _connection(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        with self._write_transaction(self._connection()) as cursor:
+            yield cursor
+
+    def _execute(self, cursor: Any, sql: str, params: dict[str, Any] | None = None) -> Any:
+        cursor.execute(self._sql(sql), params or {})
+        return cursor
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                with contextlib.suppress(Exception):  # closing is best effort
+                    conn.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    def initialise(self) -> None:
+        """Create the tables if missing and record the schema version (idempotent)."""
+        statements = [
+            "CREATE TABLE IF NOT EXISTS sentdp_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            """CREATE TABLE IF NOT EXISTS sentdp_accounts (
+                tenant TEXT NOT NULL,
+                user_id TEXT NOT NULL,
+                spent_micro BIGINT NOT NULL DEFAULT 0,
+                documents BIGINT NOT NULL DEFAULT 0,
+                period INTEGER NOT NULL DEFAULT 0,
+                PRIMARY KEY (tenant, user_id))""",
+            f"""CREATE TABLE IF NOT EXISTS sentdp_charges (
+                id {self.autoincrement},
+                tenant TEXT NOT NULL,
+                user_id TEXT NOT NULL,
+                period INTEGER NOT NULL,
+                micro BIGINT NOT NULL,
+                state TEXT NOT NULL,
+                request_id TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                settled_at DOUBLE PRECISION)""",
+            """CREATE TABLE IF NOT EXISTS sentdp_idempotency (
+                tenant TEXT NOT NULL,
+                user_id TEXT NOT NULL,
+                key TEXT NOT NULL,
+                body_hmac TEXT NOT NULL,
+                state TEXT NOT NULL,
+                response TEXT,
+                created_at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (tenant, user_id, key))""",
+        ]
+        with self.transaction() as cur:
+            for statement in statements:
+                self._execute(cur, statement)
+            self._execute(
+                cur,
+                "INSERT INTO sentdp_meta (key, value) VALUES ('schema_version', :v) "
+                "ON CONFLICT (key) DO NOTHING",
+                {"v": str(SCHEMA_VERSION)},
+            )
+            self._execute(
+                cur,
+                "INSERT INTO sentdp_meta (key, value) VALUES ('hmac_secret', :v) "
+                "ON CONFLICT (key) DO NOTHING",
+                {"v": secrets.token_hex(32)},
+            )
+
+    def hmac_secret(self) -> bytes:
+        """The server secret for request-body HMACs, shared by every worker through the DB."""
+        with self.transaction() as cur:
+            row = self._execute(
+                cur, "SELECT value FROM sentdp_meta WHERE key = 'hmac_secret'"
+            ).fetchone()
+        return bytes.fromhex(row[0])
+
+    # --- the ledger's operations ---------------------------------------------------------
+    def account(self, tenant: str, user: str) -> Account:
+        with self.transaction() as cur:
+            return self._account(cur, tenant, user)
+
+    def _account(self, cur: Any, tenant: str, user: str) -> Account:
+        row = self._execute(
+            cur,
+            "SELECT spent_micro, documents, period FROM sentdp_accounts "
+            "WHERE tenant = :t AND user_id = :u",
+            {"t": tenant, "u": user},
+        ).fetchone()
+        if row is None:
+            return Account(tenant, user, 0, 0, 0)
+        return Account(tenant, user, int(row[0]), int(row[1]), int(row[2]))
+
+    def reserve(
+        self,
+        tenant: str,
+        user: str,
+        charge: Charge,
+        policy: Policy,
+        request_id: str,
+        idempotency: IdempotencyKey | None = None,
+    ) -> Reservation | Replay:
+        """Atomically check the idempotency key, check-and-debit, and record the charges.
+
+        Raises :class:`BudgetExhaustedError`, :class:`IdempotencyInFlightError` or
+        :class:`IdempotencyMismatchError`; on any of them nothing is written.
+        """
+        now = time.time()
+        params = {"t": tenant, "u": user}
+        with self.transaction() as cur:
+            if idempotency is not None:
+                replay = self._claim_key(cur, tenant, user, idempotency, now)
+                if replay is not None:
+                    return replay
+            self._execute(
+                cur,
+                "INSERT INTO sentdp_accounts (tenant, user_id) VALUES (:t, :u) "
+                "ON CONFLICT (tenant, user_id) DO NOTHING",
+                params,
+            )
+            row = self._execute(
+                cur,
+                "UPDATE sentdp_accounts SET spent_micro = spent_micro + :total, "
+                "documents = documents + :n "
+                "WHERE tenant = :t AND user_id = :u AND :g * (spent_micro + :total) <= :lim "
+                "RETURNING spent_micro, documents, period",
+                params
+                | {
+                    "total": charge.total_micro,
+                    "n": charge.documents,
+                    "g": policy.group_size,
+                    "lim": policy.limit_micro,
+                },
+            ).fetchone()
+            if row is None:
+                account = self._account(cur, tenant, user)
+                raise BudgetExhaustedError(account, charge, policy)
+            account = Account(tenant, user, int(row[0]), int(row[1]), int(row[2]))
+            ids = []
+            for _ in range(charge.documents):
+                inserted = self._execute(
+                    cur,
+                    "INSERT INTO sentdp_charges (tenant, user_id, period, micro, state, "
+                    "request_id, created_at) VALUES (:t, :u, :p, :m, 'reserved', :r, :now) "
+                    "RETURNING id",
+                    params | {"p": account.period, "m": charge.micro, "r": request_id, "now": now},
+                ).fetchone()
+                ids.append(int(inserted[0]))
+        return Reservation(ids, account)
+
+    def _claim_key(
+        self, cur: Any, tenant: str, user: str, key: IdempotencyKey, now: float
+    ) -> Replay | None:
+        params = {"t": tenant, "u": user, "k": key.key}
+        select = (
+            "SELECT body_hmac, state, response, created_at FROM sentdp_idempotency "
+            "WHERE tenant = :t AND user_id = :u AND key = :k"
+        )
+        row = self._execute(cur, select + self._lock_clause(), params).fetchone()
+        if row is not None:
+            body_hmac, state, response, created = row
+            expired = now - float(created) > IDEMPOTENCY_TTL_SECONDS
+            abandoned = state == "pending" and now - float(created) > self.pending_timeout
+            if not (expired or abandoned):
+                if body_hmac != key.body_hmac:
+                    raise IdempotencyMismatchError
+                if state == "done":
+                    return Replay(str(response))
+                raise IdempotencyInFlightError
+            self._execute(
+                cur,
+                "DELETE FROM sentdp_idempotency WHERE tenant = :t AND user_id = :u AND key = :k",
+                params,
+            )
+        inserted = self._execute(
+            cur,
+            "INSERT INTO sentdp_idempotency (tenant, user_id, key, body_hmac, state, created_at) "
+            "VALUES (:t, :u, :k, :h, 'pending', :now) "
+            "ON CONFLICT (tenant, user_id, key) DO NOTHING RETURNING key",
+            params | {"h": key.body_hmac, "now": now},
+        ).fetchone()
+        if inserted is None:  # a concurrent request inserted it first
+            raise IdempotencyInFlightError
+        return None
+
+    def settle(
+        self,
+        tenant: str,
+        user: str,
+        final: Sequence[int],
+        refund: Sequence[int],
+        idempotency: IdempotencyKey | None = None,
+        response: str | None = None,
+    ) -> Account:
+        """Finalise and refund charges, and store or release the idempotency key, atomically.
+
+        Only charges still ``reserved`` move; a refund returns exactly what was debited.
+        With ``response`` the key is marked done; without, it is released for a retry.
+        """
+        now = time.time()
+        with self.transaction() as cur:
+            for charge_id in final:
+                self._execute(
+                    cur,
+                    "UPDATE sentdp_charges SET state = 'final', settled_at = :now "
+                    "WHERE id = :id AND state = 'reserved'",
+                    {"id": charge_id, "now": now},
+                )
+            for charge_id in refund:
+                row = self._execute(
+                    cur,
+                    "UPDATE sentdp_charges SET state = 'refunded', settled_at = :now "
+                    "WHERE id = :id AND state = 'reserved' RETURNING micro, period",
+                    {"id": charge_id, "now": now},
+                ).fetchone()
+                if row is not None:
+                    self._execute(
+                        cur,
+                        "UPDATE sentdp_accounts SET spent_micro = spent_micro - :m, "
+                        "documents = documents - 1 "
+                        "WHERE tenant = :t AND user_id = :u AND period = :p",
+                        {"m": int(row[0]), "p": int(row[1]), "t": tenant, "u": user},
+                    )
+            if idempotency is not None:
+                params = {"t": tenant, "u": user, "k": idempotency.key}
+                if response is not None:
+                    self._execute(
+                        cur,
+                        "UPDATE sentdp_idempotency SET state = 'done', response = :r "
+                        "WHERE tenant = :t AND user_id = :u AND key = :k",
+                        params | {"r": response},
+                    )
+                else:
+                    self._execute(
+                        cur,
+                        "DELETE FROM sentdp_idempotency "
+                        "WHERE tenant = :t AND user_id = :u AND key = :k",
+                        params,
+                    )
+            return self._account(cur, tenant, user)
+
+    def new_period(self, tenant: str, user: str) -> Account:
+        """Operator command: start a new accounting period (Σε back to 0) for one user."""
+        with self.transaction() as cur:
+            self._execute(
+                cur,
+                "UPDATE sentdp_accounts SET spent_micro = 0, documents = 0, period = period + 1 "
+                "WHERE tenant = :t AND user_id = :u",
+                {"t": tenant, "u": user},
+            )
+            return self._account(cur, tenant, user)
+
+    def charges(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Every charge row (for audits and tests), oldest first."""
+        sql = "SELECT id, tenant, user_id, period, micro, state, request_id FROM sentdp_charges"
+        params: dict[str, Any] = {}
+        if tenant is not None:
+            sql += " WHERE tenant = :t"
+            params["t"] = tenant
+        with self.transaction() as cur:
+            rows = self._execute(cur, sql + " ORDER BY id", params).fetchall()
+        names = ["id", "tenant", "user", "period", "micro", "state", "request_id"]
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def accounts(self) -> list[Account]:
+        with self.transaction() as cur:
+            rows = self._execute(
+                cur,
+                "SELECT tenant, user_id, spent_micro, documents, period FROM sentdp_accounts "
+                "ORDER BY tenant, user_id",
+            ).fetchall()
+        return [Account(r[0], r[1], int(r[2]), int(r[3]), int(r[4])) for r in rows]
+
+
+def admitted(account: Account, charge: Charge, policy: Policy) -> bool:
+    """Whether ``charge`` would be admitted on top of ``account`` (same rule as the SQL)."""
+    return admits(account.spent_micro, charge.total_micro, policy.group_size, policy.limit_micro)
+
+
+def to_named_pyformat(sql: str) -> str:
+    """``:name`` placeholders to psycopg's ``%(name)s``."""
+    return _NAMED.sub(r"%(\1)s", sql)

@@ -1,0 +1,55 @@
+"""The ledger for several replicas: a PostgreSQL server, one schema per deployment.
+
+Transactions run at READ COMMITTED: the conditional ``UPDATE ... WHERE g * (spent + c) <= B``
+re-checks its condition on the newest row version after waiting for a concurrent writer, so
+the check-and-debit stays atomic; idempotency rows are locked with ``SELECT ... FOR UPDATE``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from service.ledger.base import SqlLedger, to_named_pyformat
+
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class PostgresLedger(SqlLedger):
+    autoincrement = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+
+    def __init__(self, url: str, schema: str = "public", pending_timeout: float = 300.0):
+        super().__init__(pending_timeout)
+        if not _SCHEMA_NAME.match(schema):
+            raise ValueError(f"invalid PostgreSQL schema name {schema!r}")
+        self.url = url
+        self.schema = schema
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(self.url, autocommit=True)
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
+        conn.execute(f"SET search_path TO {self.schema}")
+        conn.autocommit = False
+        return conn
+
+    @contextmanager
+    def _write_transaction(self, conn: Any) -> Iterator[Any]:
+        with conn.transaction(), conn.cursor() as cursor:
+            yield cursor
+
+    def _lock_clause(self) -> str:
+        return " FOR UPDATE"
+
+    def _sql(self, text: str) -> str:
+        return to_named_pyformat(text)
+
+    def drop_schema(self) -> None:
+        """Remove the whole schema (tests use one schema each)."""
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")

@@ -1,0 +1,107 @@
+"""Request and response bodies of the HTTP API, and the worker's batch items."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+USER_ID = Field(
+    min_length=1,
+    max_length=256,
+    pattern=r"^[^\x00-\x1f\x7f]+$",
+    description="The end user, named by the tenant; scoped to the tenant.",
+    examples=["user-42"],
+)
+
+
+class DocumentIn(BaseModel):
+    """One document: raw ``text`` (split by the service) or pre-split ``sentences``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = Field(default=None, examples=["The film was long. The acting was superb."])
+    sentences: list[str] | None = Field(default=None, examples=[["First.", "Second."]])
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DocumentIn:
+        if (self.text is None) == (self.sentences is None):
+            raise ValueError("give either 'text' or 'sentences' for each document, not both")
+        return self
+
+
+EXAMPLE_DOCUMENTS = [
+    DocumentIn(
+        text=(
+            "Shares in the carmaker rose sharply on Monday. Analysts said the results beat "
+            "expectations. The firm will raise its dividend. Its chief executive was upbeat."
+        )
+    )
+]
+
+
+class Budget(BaseModel):
+    """A user's spending in this period. Amounts in epsilon; ``group_epsilon = g * spent``."""
+
+    user: str
+    spent_epsilon: float
+    group_size: int
+    group_epsilon: float
+    limit: float
+    remaining: float
+    """``limit - group_epsilon``, in group-epsilon."""
+    remaining_epsilon: float
+    """How much more epsilon can be requested in total: ``remaining / group_size``."""
+    documents: int
+    period: int
+
+
+class PrivateDocument(BaseModel):
+    """One released, epsilon-SentDP embedding: a public candidate chosen by the mechanism."""
+
+    embedding: list[float]
+    candidate: int
+    k: int
+    """Number of sentences the document was split into (public)."""
+    epsilon: float
+    """Epsilon charged for this document."""
+    p: int
+    label: str | None = None
+    probabilities: dict[str, float] | None = None
+
+
+class PrivatizeResponse(BaseModel):
+    model: str
+    documents: list[PrivateDocument]
+    budget: Budget
+
+
+class CandidateLabel(BaseModel):
+    candidate: int
+    label: str
+    probabilities: dict[str, float]
+
+
+class ClassifyResponse(BaseModel):
+    """Either privatized documents with labels (and the budget), or labels of released ids."""
+
+    model: str
+    documents: list[PrivateDocument] | None = None
+    budget: Budget | None = None
+    labels: list[CandidateLabel] | None = None
+
+
+class WorkItem(BaseModel):
+    """One document for the worker: sentences, the epsilon to run at, p, and its charge."""
+
+    charge_id: int
+    model: str
+    sentences: list[str]
+    epsilon: float
+    p: int
+
+
+class WorkResult(BaseModel):
+    """The worker's answer for one item. ``sampled`` is False only if no randomness was drawn."""
+
+    candidate: int | None = None
+    sampled: bool
+    error: str | None = None

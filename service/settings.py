@@ -1,0 +1,50 @@
+"""Settings of the service, read from ``SENTDP_*`` environment variables when a process starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _data_dir() -> Path:
+    return platformdirs.user_data_path("sentdp")
+
+
+class ServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SENTDP_", extra="ignore")
+
+    model: str = "sentdp-bbc-news:latest"
+    """BentoML model tag of the bundle to serve."""
+    ledger_url: str = Field(default_factory=lambda: f"sqlite:///{_data_dir() / 'ledger.sqlite3'}")
+    """``sqlite:///file`` (default) or ``postgresql://...`` shared by several replicas."""
+    ledger_schema: str = "public"
+    """PostgreSQL schema of the ledger tables."""
+    tenants_file: Path = Field(default_factory=lambda: _data_dir() / "tenants.json")
+    """Tenants, their hashed API keys and budgets (see ``sentdp-admin``)."""
+    max_documents: int = Field(default=16, ge=1)
+    max_sentences: int = Field(default=2000, ge=1)
+    max_sentence_chars: int = Field(default=2000, ge=1)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_json_depth: int = Field(default=32, ge=4)
+    idempotency_pending_seconds: float = Field(default=300.0, gt=0)
+    """A request unfinished after this long is abandoned; its key can then be reused."""
+    device: str | None = None
+    """torch device of the worker (CUDA when present, else the CPU)."""
+    worker_threads: int = Field(default=2, ge=1)
+    worker_batch_size: int = Field(default=32, ge=1)
+    worker_max_latency_ms: int = Field(default=60_000, ge=100)
+    encode_batch_size: int = Field(default=64, ge=1)
+    gateway_workers: int = Field(default=2, ge=1)
+    worker_gpus: int = Field(default=0, ge=0)
+    """GPUs the worker service requests from the deployment (0: run on what is there)."""
+    sample_journal: Path | None = None
+    """When set, the worker appends each charge id here before drawing its randomness (audits,
+    fault tests); the journal holds ids only, never text."""
+
+
+def load_settings() -> ServiceSettings:
+    """Read the environment now; call at startup, never at import time."""
+    return ServiceSettings()

@@ -1,0 +1,111 @@
+"""Tenants: who may call, with which API keys (stored as SHA-256 hashes), under which budget.
+
+The tenants file is JSON::
+
+    {"tenants": [{"id": "acme", "key_sha256": ["<64 hex>"], "max_epsilon": 10,
+                  "group_size": 1, "budget": 100}]}
+
+API keys are random 256-bit tokens (``sentdp-admin new-key``), so one SHA-256 is a safe
+verifier; comparisons are constant-time. User ids are scoped per tenant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sentdp.accounting import MAX_LEDGER_VALUE, MICRO, budget_micro
+from service.ledger.base import Policy
+
+MAX_EPSILON_LIMIT = 1000.0
+KEY_PREFIX = "sdp_"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def new_key() -> str:
+    """A fresh API key (shown once; only its hash is stored)."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+class Tenant(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    key_sha256: list[str] = Field(min_length=1)
+    max_epsilon: float = Field(gt=0, le=MAX_EPSILON_LIMIT)
+    """Largest epsilon one request may ask for, per document."""
+    group_size: int = Field(default=1, ge=1, le=1000)
+    """g: the number of sentence positions protected together."""
+    budget: float = Field(ge=0, le=1e9)
+    """B: each user's budget per period, in group-epsilon (g times the sum of epsilons)."""
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digests(cls, value: list[str]) -> list[str]:
+        for digest in value:
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError("key_sha256 holds lowercase hex SHA-256 digests of API keys")
+        return value
+
+    @model_validator(mode="after")
+    def _fits_the_ledger(self) -> Tenant:
+        if self.group_size * (budget_micro(self.budget) + MICRO * 2000) >= MAX_LEDGER_VALUE:
+            raise ValueError("group_size * budget is too large for the ledger's integers")
+        return self
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(group_size=self.group_size, limit_micro=budget_micro(self.budget))
+
+
+class TenantsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenants: list[Tenant] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> TenantsFile:
+        ids = [t.id for t in self.tenants]
+        if len(ids) != len(set(ids)):
+            raise ValueError("tenant ids must be unique")
+        hashes = [h for t in self.tenants for h in t.key_sha256]
+        if len(hashes) != len(set(hashes)):
+            raise ValueError("an API key may belong to one tenant only")
+        return self
+
+
+class TenantRegistry:
+    """Look tenants up by API key or id."""
+
+    def __init__(self, tenants: list[Tenant]) -> None:
+        self._by_id = {t.id: t for t in tenants}
+        self._hashes = [(h, t) for t in tenants for h in t.key_sha256]
+
+    @classmethod
+    def load(cls, path: Path) -> TenantRegistry:
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"no tenants file at {path}: create one with `sentdp-admin new-key --tenant ...`"
+            )
+        return cls(TenantsFile.model_validate(json.loads(path.read_text())).tenants)
+
+    def authenticate(self, key: str | None) -> Tenant | None:
+        if not key:
+            return None
+        digest = hash_key(key)
+        found = None
+        for stored, tenant in self._hashes:  # no early exit: time does not depend on position
+            if hmac.compare_digest(stored, digest):
+                found = tenant
+        return found
+
+    def get(self, tenant_id: str) -> Tenant | None:
+        return self._by_id.get(tenant_id)

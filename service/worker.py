@@ -1,0 +1,121 @@
+"""The batched worker: encodes sentences and runs DeepCandidate for a whole adaptive batch.
+
+A batch mixes documents of different users, k, epsilon and p. Everything that can fail runs
+before any randomness is drawn (encoding, recoding, validation, selection plans), and such a
+failure answers ``sampled=False`` for every item, which lets the gateway refund. After the
+plans are built, each item's charge id is appended to the optional sample journal, then the
+random words are drawn: from that point the charges are final whatever happens.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import bentoml
+
+from service.metrics import metric
+from service.schemas import WorkItem, WorkResult
+from service.settings import load_settings
+
+_BOOT = load_settings()  # BentoML needs these numbers when the class is declared
+
+
+def _resources() -> dict[str, Any]:
+    return {"gpu": _BOOT.worker_gpus} if _BOOT.worker_gpus else {}
+
+
+@bentoml.service(
+    name="sentdp-worker",
+    workers=1,
+    resources=_resources(),
+    traffic={"timeout": _BOOT.worker_max_latency_ms / 1000 * 2},
+)
+class Worker:
+    bundle_model = bentoml.models.BentoModel(_BOOT.model)
+
+    def __init__(self) -> None:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import torch
+
+        from sentdp.bundle import Bundle
+        from sentdp.encoders import SentenceEncoder
+
+        settings = load_settings()
+        torch.set_num_threads(settings.worker_threads)
+        stored = self.bundle_model
+        self.version = str(stored.tag)
+        self.bundle = Bundle.load(Path(stored.path))
+        self.encoder = SentenceEncoder(
+            self.bundle.encoder_dir, settings.device, settings.encode_batch_size
+        )
+        device = self.encoder.device if self.encoder.device.startswith("cuda") else None
+        self.mechanism = self.bundle.mechanism(device=device)
+        self.journal = settings.sample_journal
+        self.encoder.encode(["Warm up the encoder."])
+
+    @bentoml.api(
+        batchable=True,
+        max_batch_size=_BOOT.worker_batch_size,
+        max_latency_ms=_BOOT.worker_max_latency_ms,
+    )
+    def privatize(self, items: list[WorkItem]) -> list[WorkResult]:
+        """Adaptive-batched: items of many requests are merged into one call."""
+        return self._run(items)
+
+    @bentoml.api
+    def privatize_unbatched(self, items: list[WorkItem]) -> list[WorkResult]:
+        """The same work without adaptive batching (one request's items per call)."""
+        return self._run(items)
+
+    def _run(self, items: list[WorkItem]) -> list[WorkResult]:
+        started = time.perf_counter()
+        metric("batch_documents").observe(len(items))
+        results = [
+            WorkResult(sampled=False, error=f"this worker serves {self.version}, not {i.model}")
+            for i in items
+        ]
+        mine = [n for n, item in enumerate(items) if item.model == self.version]
+        if not mine:
+            return results
+        try:
+            plans = self._plans([items[n] for n in mine])
+        except Exception as error:
+            for n in mine:
+                results[n] = WorkResult(
+                    sampled=False, error=f"{type(error).__name__} before sampling"
+                )
+            return results
+        metric("worker_seconds").labels("prepare").observe(time.perf_counter() - started)
+        self._journal([items[n] for n in mine])
+        chosen = self.mechanism.draw_plans(plans)
+        for n, candidate in zip(mine, chosen, strict=True):
+            results[n] = WorkResult(candidate=int(candidate), sampled=True)
+        metric("worker_seconds").labels("total").observe(time.perf_counter() - started)
+        return results
+
+    def _plans(self, items: list[WorkItem]) -> list[Any]:
+        """Encode, recode and plan every item: all the work that draws no randomness."""
+        from sentdp.encoders import recode
+
+        sentences = [s for item in items for s in item.sentences]
+        metric("batch_sentences").observe(len(sentences))
+        embedded = recode(self.bundle.recoder, self.encoder.encode(sentences))
+        documents = []
+        start = 0
+        for item in items:
+            documents.append(embedded[start : start + len(item.sentences)])
+            start += len(item.sentences)
+        return self.mechanism.plan_batch(
+            documents, [i.epsilon for i in items], [i.p for i in items]
+        )
+
+    def _journal(self, items: list[WorkItem]) -> None:
+        if self.journal is None:
+            return
+        with self.journal.open("a") as handle:
+            handle.write("".join(f"{item.charge_id}\n" for item in items))
+            handle.flush()
+            os.fsync(handle.fileno())

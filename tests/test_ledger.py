@@ -1,0 +1,211 @@
+"""One contract for both ledger backends: SQLite file and PostgreSQL schema."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from sentdp.accounting import MICRO, Charge
+from service.ledger import open_ledger
+from service.ledger.base import (
+    BudgetExhaustedError,
+    IdempotencyInFlightError,
+    IdempotencyKey,
+    IdempotencyMismatchError,
+    Policy,
+    Replay,
+    Reservation,
+    SqlLedger,
+)
+
+ONE = Charge("deepcandidate", MICRO, 1, 1)
+POLICY = Policy(group_size=2, limit_micro=10 * MICRO)  # admits five charges of epsilon 1
+
+
+@pytest.fixture
+def ledger(ledger_url: tuple[str, str]) -> SqlLedger:
+    url, schema = ledger_url
+    opened = open_ledger(url, schema)
+    yield opened
+    opened.close()
+
+
+def reserve(ledger: SqlLedger, user: str = "alice", charge: Charge = ONE, **kwargs) -> Reservation:
+    result = ledger.reserve("acme", user, charge, POLICY, "req", **kwargs)
+    assert isinstance(result, Reservation)
+    return result
+
+
+def assert_invariant(ledger: SqlLedger) -> None:
+    """spent = sum of the period's charges that are not refunded, for every account."""
+    charges = ledger.charges()
+    for account in ledger.accounts():
+        counted = sum(
+            c["micro"]
+            for c in charges
+            if (c["tenant"], c["user"], c["period"])
+            == (account.tenant, account.user, account.period)
+            and c["state"] != "refunded"
+        )
+        assert account.spent_micro == counted
+
+
+def test_debits_are_admitted_up_to_exactly_the_group_budget(ledger: SqlLedger) -> None:
+    for expected in range(1, 6):
+        assert reserve(ledger).account.spent_micro == expected * MICRO
+    with pytest.raises(BudgetExhaustedError) as refused:
+        reserve(ledger)
+    assert refused.value.account.spent_micro == 5 * MICRO
+    assert refused.value.policy == POLICY
+    assert ledger.account("acme", "alice").spent_micro == 5 * MICRO
+    assert len(ledger.charges()) == 5
+    assert_invariant(ledger)
+
+
+def test_one_micro_epsilon_over_the_remainder_is_refused(ledger: SqlLedger) -> None:
+    reserve(ledger, charge=Charge("deepcandidate", 4 * MICRO, 1, 1))
+    with pytest.raises(BudgetExhaustedError):
+        reserve(ledger, charge=Charge("deepcandidate", MICRO + 1, 1, 1))
+    assert (
+        reserve(ledger, charge=Charge("deepcandidate", MICRO, 1, 1)).account.spent_micro
+        == 5 * MICRO
+    )
+
+
+def test_a_multi_document_request_is_admitted_whole_or_not_at_all(ledger: SqlLedger) -> None:
+    reserve(ledger, charge=Charge("deepcandidate", MICRO, 3, 1))
+    with pytest.raises(BudgetExhaustedError):
+        reserve(ledger, charge=Charge("deepcandidate", MICRO, 3, 1))
+    assert ledger.account("acme", "alice").documents == 3
+    assert len(ledger.charges()) == 3
+
+
+def test_refunds_restore_reserved_charges_once_and_never_final_ones(ledger: SqlLedger) -> None:
+    first = reserve(ledger, charge=Charge("deepcandidate", MICRO, 2, 1))
+    ledger.settle("acme", "alice", final=[first.charge_ids[0]], refund=[first.charge_ids[1]])
+    assert ledger.account("acme", "alice").spent_micro == MICRO
+    ledger.settle("acme", "alice", final=[], refund=first.charge_ids)  # again, and the final one
+    assert ledger.account("acme", "alice").spent_micro == MICRO
+    states = [c["state"] for c in ledger.charges()]
+    assert states == ["final", "refunded"]
+    assert_invariant(ledger)
+
+
+def test_tenants_and_users_have_separate_accounts(ledger: SqlLedger) -> None:
+    reserve(ledger, "bob")
+    ledger.reserve("other", "bob", ONE, POLICY, "req")
+    ledger.reserve("other", "bob", ONE, POLICY, "req")
+    assert ledger.account("acme", "bob").spent_micro == MICRO
+    assert ledger.account("other", "bob").spent_micro == 2 * MICRO
+    assert ledger.account("acme", "carol").spent_micro == 0
+
+
+def test_a_completed_key_replays_its_response_without_charging(ledger: SqlLedger) -> None:
+    key = IdempotencyKey("k1", "hmac-a")
+    first = reserve(ledger, idempotency=key)
+    ledger.settle("acme", "alice", first.charge_ids, [], key, response='{"ok": 1}')
+    again = ledger.reserve("acme", "alice", ONE, POLICY, "req", idempotency=key)
+    assert again == Replay('{"ok": 1}')
+    assert ledger.account("acme", "alice").spent_micro == MICRO
+
+
+def test_a_key_in_flight_gets_409_and_a_different_body_422(ledger: SqlLedger) -> None:
+    key = IdempotencyKey("k1", "hmac-a")
+    reserve(ledger, idempotency=key)
+    with pytest.raises(IdempotencyInFlightError):
+        ledger.reserve("acme", "alice", ONE, POLICY, "req", idempotency=key)
+    with pytest.raises(IdempotencyMismatchError):
+        ledger.reserve(
+            "acme", "alice", ONE, POLICY, "req", idempotency=IdempotencyKey("k1", "hmac-b")
+        )
+    assert ledger.account("acme", "alice").spent_micro == MICRO
+    # The same key under another user or tenant is another key.
+    reserve(ledger, "bob", idempotency=key)
+
+
+def test_a_refused_or_refunded_request_leaves_its_key_free(ledger: SqlLedger) -> None:
+    key = IdempotencyKey("k1", "hmac-a")
+    big = Charge("deepcandidate", 6 * MICRO, 1, 1)
+    with pytest.raises(BudgetExhaustedError):
+        reserve(ledger, charge=big, idempotency=key)
+    first = reserve(ledger, idempotency=key)
+    ledger.settle("acme", "alice", [], first.charge_ids, key, response=None)
+    assert ledger.account("acme", "alice").spent_micro == 0
+    second = reserve(ledger, idempotency=key)
+    assert second.account.spent_micro == MICRO
+
+
+def test_abandoned_pending_keys_are_processed_as_new_requests(ledger_url: tuple[str, str]) -> None:
+    ledger = open_ledger(*ledger_url, pending_timeout=0.05)
+    key = IdempotencyKey("k1", "hmac-a")
+    reserve(ledger, idempotency=key)
+    time.sleep(0.1)
+    assert reserve(ledger, idempotency=key).account.spent_micro == 2 * MICRO
+    ledger.close()
+
+
+def test_new_period_starts_from_zero_and_old_refunds_do_not_touch_it(ledger: SqlLedger) -> None:
+    old = reserve(ledger)
+    account = ledger.new_period("acme", "alice")
+    assert (account.spent_micro, account.period) == (0, 1)
+    ledger.settle("acme", "alice", [], old.charge_ids)
+    assert ledger.account("acme", "alice").spent_micro == 0
+
+
+def test_the_hmac_secret_is_shared_and_stable(ledger_url: tuple[str, str]) -> None:
+    first = open_ledger(*ledger_url)
+    second = open_ledger(*ledger_url)
+    assert first.hmac_secret() == second.hmac_secret()
+    assert len(first.hmac_secret()) == 32
+    first.close()
+    second.close()
+
+
+def test_concurrent_threads_never_overspend(ledger: SqlLedger) -> None:
+    policy = Policy(group_size=1, limit_micro=50 * MICRO)
+
+    def attempt(_: int) -> int:
+        try:
+            ledger.reserve("acme", "alice", ONE, policy, "req")
+        except BudgetExhaustedError:
+            return 0
+        return 1
+
+    with ThreadPoolExecutor(8) as pool:
+        admitted = sum(pool.map(attempt, range(200)))
+    assert admitted == 50
+    assert ledger.account("acme", "alice").spent_micro == 50 * MICRO
+    assert_invariant(ledger)
+
+
+def _hammer(url: str, schema: str, attempts: int, out: multiprocessing.Queue) -> None:
+    ledger = open_ledger(url, schema)
+    policy = Policy(group_size=1, limit_micro=50 * MICRO)
+    won = 0
+    for _ in range(attempts):
+        try:
+            ledger.reserve("acme", "alice", ONE, policy, "req")
+            won += 1
+        except BudgetExhaustedError:
+            pass
+    out.put(won)
+
+
+def test_concurrent_processes_never_overspend(ledger_url: tuple[str, str]) -> None:
+    url, schema = ledger_url
+    open_ledger(url, schema).close()
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    workers = [context.Process(target=_hammer, args=(url, schema, 40, queue)) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert sum(queue.get(timeout=5) for _ in workers) == 50
+    ledger = open_ledger(url, schema)
+    assert ledger.account("acme", "alice").spent_micro == 50 * MICRO
+    assert_invariant(ledger)
+    ledger.close()

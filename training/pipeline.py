@@ -1,0 +1,297 @@
+"""The offline pipeline end to end: corpus -> G embeddings -> k-means -> H -> F, V -> classifiers
+-> p per epsilon -> a bundle saved as a versioned BentoML model."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from sentdp.bundle import Bundle, BundleManifest, CorpusRecord
+from sentdp.encoders import SentenceEncoder, recode
+from sentdp.errors import InputError
+from sentdp.mechanism import DeepCandidate
+from sentdp.text import SentenceSplitter, TextLimits
+from training.candidates import candidate_embeddings, choose_candidates, random_directions
+from training.classifiers import softmax, train_classifier
+from training.datasets import (
+    REGISTRY,
+    Corpus,
+    load_user_corpus,
+    stratified_splits,
+    subsample_per_class,
+)
+from training.embeddings import CorpusEmbeddings, embed_corpus
+from training.nets import seed_everything
+from training.p_selection import DEFAULT_EPSILONS, DEFAULT_PS, choose_p
+from training.recoder import cluster_labels, recoded_means, train_recoder
+from training.settings import TrainingSettings
+from training.store import save_to_store
+
+VERSIONED_PACKAGES = (
+    "sentdp",
+    "torch",
+    "sentence-transformers",
+    "transformers",
+    "numpy",
+    "scikit-learn",
+    "bentoml",
+    "nupunkt",
+)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What to train; ``sentdp-train`` builds one from its flags."""
+
+    dataset: str
+    name: str | None = None
+    seed: int = 0
+    n_clusters: int = 50
+    max_candidates: int = 5000
+    p_max: int = 100
+    ps: tuple[int, ...] = DEFAULT_PS
+    epsilons: tuple[float, ...] = DEFAULT_EPSILONS
+    max_epochs: int = 20
+    recipe: str = "paper"
+    corpus_is_public: bool = False
+    text_column: str = "text"
+    label_column: str = "label"
+    per_class: int | None = None
+    limits: TextLimits = field(default_factory=TextLimits)
+
+    def quick(self) -> TrainConfig:
+        """A small, fast variant for tests and smoke runs (same code path, smaller numbers)."""
+        return replace(
+            self,
+            per_class=self.per_class or 30,
+            n_clusters=min(self.n_clusters, 8),
+            p_max=min(self.p_max, 20),
+            ps=(10, 20),
+            epsilons=(1.0, 10.0),
+            max_epochs=min(self.max_epochs, 4),
+        )
+
+
+@dataclass
+class TrainReport:
+    tag: str
+    bundle: Bundle
+    corpus: Corpus
+    seconds_total: float
+    seconds_encoding: float
+    embeddings_from_cache: bool
+    scores: dict[str, Any]
+
+
+def model_name(config: TrainConfig, corpus: Corpus) -> str:
+    if config.name:
+        return config.name
+    suffix = "" if config.recipe == "paper" else f"-{config.recipe}"
+    return f"sentdp-{corpus.name}{suffix}"
+
+
+def load_corpus(config: TrainConfig, settings: TrainingSettings) -> Corpus:
+    if config.dataset in REGISTRY:
+        corpus = REGISTRY[config.dataset](settings.cache_dir, config.limits)
+    else:
+        path = Path(config.dataset)
+        if not path.exists():
+            raise InputError(
+                f"unknown dataset {config.dataset!r}: use one of {sorted(REGISTRY)} or a path "
+                "to a CSV/JSONL file"
+            )
+        corpus = load_user_corpus(
+            path, config.text_column, config.label_column, config.corpus_is_public, config.limits
+        )
+    if config.per_class is not None:
+        corpus = subsample_per_class(corpus, config.per_class, config.seed)
+    return corpus
+
+
+def library_versions() -> dict[str, str]:
+    versions = {}
+    for package in VERSIONED_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def run_training(
+    config: TrainConfig, settings: TrainingSettings, console: Console | None = None
+) -> TrainReport:
+    """Train a bundle and save it to the BentoML store; every choice is made on validation."""
+    console = console or Console(stderr=True)
+    started = time.perf_counter()
+    corpus = load_corpus(config, settings)
+    splits = stratified_splits(corpus, config.seed)
+    console.print(
+        f"corpus {corpus.name}: {len(corpus.documents)} documents ({corpus.removed_duplicates} "
+        f"duplicates and {corpus.removed_short} with < 2 sentences removed), "
+        f"splits {splits.sizes()}"
+    )
+    seed_everything(config.seed, settings.threads)
+    encoder = SentenceEncoder(settings.encoder_dir, settings.device, settings.encode_batch_size)
+    splitter = SentenceSplitter().describe() | {"sentences_from": corpus.sentences_from}
+    embeddings = embed_corpus(corpus, encoder, settings.cache_dir, splitter, console.is_terminal)
+    if embeddings.from_cache:
+        console.print("sentence embeddings: reused from the cache")
+    else:
+        rate = len(embeddings.vectors) / max(embeddings.seconds, 1e-9)
+        console.print(
+            f"sentence embeddings: {len(embeddings.vectors)} sentences in "
+            f"{embeddings.seconds:.1f} s ({rate:.0f} sentences/s)"
+        )
+    bundle, scores = build_bundle(config, corpus, splits, encoder, embeddings, splitter, console)
+    name = model_name(config, corpus)
+    metadata = {
+        "corpus": corpus.name,
+        "corpus_sha256": corpus.sha256,
+        "corpus_is_public": corpus.is_public,
+        "split_seed": config.seed,
+        "splits": splits.sizes(),
+        "candidates": bundle.manifest.candidates,
+        "recipe": config.recipe,
+        "validation": scores,
+        "versions": bundle.manifest.versions,
+    }
+    tag = save_to_store(bundle, name, metadata)
+    total = time.perf_counter() - started
+    return TrainReport(
+        tag, bundle, corpus, total, embeddings.seconds, embeddings.from_cache, scores
+    )
+
+
+def build_bundle(
+    config: TrainConfig,
+    corpus: Corpus,
+    splits: Any,
+    encoder: SentenceEncoder,
+    embeddings: CorpusEmbeddings,
+    splitter: dict[str, str],
+    console: Console,
+) -> tuple[Bundle, dict[str, Any]]:
+    """H, F, V, classifiers and the p table from cached embeddings (the paper's recipe)."""
+    if config.recipe != "paper":
+        raise InputError(f"unknown recipe {config.recipe!r}")
+    label_index = {label: i for i, label in enumerate(corpus.labels)}
+    y = np.array([label_index[d.label] for d in corpus.documents], dtype=np.int64)
+    train, validation = splits.train, splits.validation
+    n_classes = len(corpus.labels)
+
+    train_clusters, validation_clusters = cluster_labels(
+        embeddings.means(train), embeddings.means(validation), config.n_clusters, config.seed
+    )
+    recoder = train_recoder(
+        embeddings,
+        train,
+        validation,
+        train_clusters,
+        validation_clusters,
+        output_dim=encoder.dim,
+        seed=config.seed,
+        max_epochs=config.max_epochs,
+    )
+    console.print(
+        f"recoder H: best epoch {recoder.best_epoch}/{recoder.epochs}, validation cluster "
+        f"accuracy {recoder.validation_accuracy:.3f}"
+    )
+    c_dc = train_classifier(
+        recoded_means(recoder.recoder, embeddings, train),
+        y[train],
+        recoded_means(recoder.recoder, embeddings, validation),
+        y[validation],
+        n_classes,
+        config.seed,
+        config.max_epochs,
+    )
+    c_nonpriv = train_classifier(
+        embeddings.means(train),
+        y[train],
+        embeddings.means(validation),
+        y[validation],
+        n_classes,
+        config.seed,
+        config.max_epochs,
+    )
+    candidate_docs = choose_candidates(embeddings, train, config.max_candidates, config.seed)
+    candidates = candidate_embeddings(recoder.recoder, embeddings, candidate_docs)
+    directions = random_directions(config.p_max, candidates.shape[1], config.seed)
+    class_probs = softmax(c_dc.classifier(candidates))
+    mechanism = DeepCandidate(candidates, directions)
+    documents = [recode(recoder.recoder, embeddings.document(i)) for i in validation]
+    p_table = choose_p(
+        mechanism,
+        documents,
+        list(y[validation]),
+        np.argmax(class_probs, axis=1),
+        n_classes,
+        config.epsilons,
+        config.ps,
+    )
+    scores: dict[str, Any] = {
+        "validation_macro_f1": {
+            "nonprivate": c_nonpriv.validation_macro_f1,
+            "recoded_nonprivate": c_dc.validation_macro_f1,
+            "deepcandidate": {f"{c.epsilon:g}": c.validation_macro_f1 for c in p_table},
+        },
+        "p_by_epsilon": {f"{c.epsilon:g}": c.p for c in p_table},
+        "recoder_validation_cluster_accuracy": recoder.validation_accuracy,
+    }
+    manifest = BundleManifest(
+        name=model_name(config, corpus),
+        recipe=config.recipe,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        corpus=CorpusRecord(
+            name=corpus.name,
+            sha256=corpus.sha256,
+            source=corpus.source,
+            is_public=corpus.is_public,
+            documents=len(corpus.documents),
+            split_seed=config.seed,
+            splits=splits.sizes(),
+            labels=corpus.labels,
+        ),
+        encoder=encoder.describe(),
+        splitter=splitter,
+        recoder={
+            "kind": "mlp",
+            "layers": 4,
+            "output_dim": candidates.shape[1],
+            "clusters": int(train_clusters.max()) + 1,
+            "best_epoch": recoder.best_epoch,
+        },
+        candidates=len(candidate_docs),
+        dim=candidates.shape[1],
+        p_max=config.p_max,
+        directions_seed=config.seed,
+        p_table=p_table,
+        scores=scores,
+        versions=library_versions(),
+        extra={
+            "candidate_doc_ids": [corpus.documents[i].doc_id for i in candidate_docs],
+            "text_limits": {
+                "max_sentences": config.limits.max_sentences,
+                "max_sentence_chars": config.limits.max_sentence_chars,
+            },
+        },
+    )
+    bundle = Bundle(
+        manifest=manifest,
+        candidates=candidates,
+        directions=directions,
+        candidate_class_probs=class_probs,
+        recoder=recoder.recoder,
+        classifier_dc=c_dc.classifier,
+        classifier_nonpriv=c_nonpriv.classifier,
+        encoder_dir=encoder.path,
+    )
+    return bundle, scores

@@ -1,0 +1,30 @@
+"""Settings of the offline pipeline, read from ``SENTDP_*`` environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TrainingSettings(BaseSettings):
+    """Where caches live and how hard to use the machine; flags of ``sentdp-train`` win."""
+
+    model_config = SettingsConfigDict(env_prefix="SENTDP_", extra="ignore")
+
+    cache_dir: Path = Field(default_factory=lambda: platformdirs.user_cache_path("sentdp"))
+    """Downloaded corpora (sha256-verified) and cached sentence embeddings."""
+    encoder_dir: Path | None = None
+    """A sentence-transformers model directory for G; the packaged MiniLM when unset."""
+    device: str | None = None
+    """torch device for G; CUDA when present, else the CPU."""
+    encode_batch_size: int = Field(default=64, ge=1)
+    threads: int = Field(default=2, ge=1)
+    """torch threads: fixed so that re-runs are byte-identical."""
+
+
+def load_settings() -> TrainingSettings:
+    """Build the settings now (not at import time), so callers can set the environment first."""
+    return TrainingSettings()
