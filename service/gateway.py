@@ -17,10 +17,9 @@ import time
 import uuid
 from http import HTTPStatus
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import bentoml
-from pydantic import Field
 from starlette.responses import JSONResponse, Response
 
 from sentdp.accounting import Charge, charge_for, epsilon_of_charge, to_epsilon
@@ -41,13 +40,14 @@ from service.ledger.base import (
 )
 from service.metrics import metric
 from service.schemas import (
-    EXAMPLE_DOCUMENTS,
-    USER_ID,
     Budget,
+    BudgetRequest,
     CandidateLabel,
+    ClassifyRequest,
     ClassifyResponse,
     DocumentIn,
     PrivateDocument,
+    PrivatizeRequest,
     PrivatizeResponse,
     WorkItem,
     WorkResult,
@@ -100,22 +100,22 @@ class Gateway:
         self.slack = privacy_slack(self.bundle.manifest.candidates)
 
     # --- the API ---------------------------------------------------------------------------
-    @bentoml.api
+    @bentoml.api(input_spec=PrivatizeRequest)
     async def privatize(
         self,
         ctx: bentoml.Context,
-        user: Annotated[str, USER_ID],
-        epsilon: Annotated[float, Field(description="epsilon per document", examples=[3.0])],
-        documents: Annotated[list[DocumentIn], Field(min_length=1)] = EXAMPLE_DOCUMENTS,
+        user: str,
+        epsilon: float,
+        documents: list[DocumentIn],
     ) -> PrivatizeResponse:
         """Privatize one user's documents: one epsilon-SentDP embedding per document."""
         return await self._guarded(ctx, self._privatize(ctx, user, epsilon, documents, False))
 
-    @bentoml.api
+    @bentoml.api(input_spec=ClassifyRequest)
     async def classify(
         self,
         ctx: bentoml.Context,
-        user: Annotated[str | None, USER_ID] = None,
+        user: str | None = None,
         epsilon: float | None = None,
         documents: list[DocumentIn] | None = None,
         model: str | None = None,
@@ -129,8 +129,8 @@ class Gateway:
             return await self._guarded(ctx, self._lookup(None, None))
         return await self._guarded(ctx, self._privatize(ctx, user, epsilon, documents, True))
 
-    @bentoml.api
-    async def budget(self, ctx: bentoml.Context, user: Annotated[str, USER_ID]) -> Budget:
+    @bentoml.api(input_spec=BudgetRequest)
+    async def budget(self, ctx: bentoml.Context, user: str) -> Budget:
         """The user's spending in this period and what remains."""
         return await self._guarded(ctx, self._budget(ctx, user))
 
@@ -302,7 +302,7 @@ class Gateway:
             response = PrivatizeResponse(
                 model=self.version, documents=released, budget=budget_view(account, tenant)
             )
-            body = response.model_dump(mode="json")
+            body = response.model_dump(mode="json", exclude_none=True)
             status = 200
         text = json.dumps(body)
         stored = text if final else None  # nothing sampled: free the key for a retry

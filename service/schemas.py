@@ -29,13 +29,41 @@ class DocumentIn(BaseModel):
 
 
 EXAMPLE_DOCUMENTS = [
-    DocumentIn(
-        text=(
+    {
+        "text": (
             "Shares in the carmaker rose sharply on Monday. Analysts said the results beat "
             "expectations. The firm will raise its dividend. Its chief executive was upbeat."
         )
-    )
+    }
 ]
+
+
+class PrivatizeRequest(BaseModel):
+    """Body of /privatize. Unknown fields are refused (the service takes no seed, no p)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str = USER_ID
+    epsilon: float = Field(description="epsilon per document", examples=[3.0])
+    documents: list[DocumentIn] = Field(min_length=1, examples=[EXAMPLE_DOCUMENTS])
+
+
+class ClassifyRequest(BaseModel):
+    """Body of /classify: user, epsilon and documents; or model and candidate ids."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str | None = Field(default=None, min_length=1, max_length=256)
+    epsilon: float | None = None
+    documents: list[DocumentIn] | None = Field(default=None, min_length=1)
+    model: str | None = Field(default=None, description="a released embedding's model version")
+    candidates: list[int] | None = Field(default=None, min_length=1)
+
+
+class BudgetRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user: str = USER_ID
 
 
 class Budget(BaseModel):

@@ -40,6 +40,9 @@ class ServiceSettings(BaseSettings):
     gateway_workers: int = Field(default=2, ge=1)
     worker_gpus: int = Field(default=0, ge=0)
     """GPUs the worker service requests from the deployment (0: run on what is there)."""
+    fault_marker: str | None = None
+    """TESTS ONLY, never in production: a document whose first sentence is ``<marker>:before``
+    fails in the worker before sampling, ``<marker>:after`` right after it."""
     sample_journal: Path | None = None
     """When set, the worker appends each charge id here before drawing its randomness (audits,
     fault tests); the journal holds ids only, never text."""

@@ -54,6 +54,7 @@ class Worker:
         device = self.encoder.device if self.encoder.device.startswith("cuda") else None
         self.mechanism = self.bundle.mechanism(device=device)
         self.journal = settings.sample_journal
+        self.fault_marker = settings.fault_marker
         self.encoder.encode(["Warm up the encoder."])
 
     @bentoml.api(
@@ -91,6 +92,7 @@ class Worker:
         metric("worker_seconds").labels("prepare").observe(time.perf_counter() - started)
         self._journal([items[n] for n in mine])
         chosen = self.mechanism.draw_plans(plans)
+        self._inject_fault([items[n] for n in mine], "after")
         for n, candidate in zip(mine, chosen, strict=True):
             results[n] = WorkResult(candidate=int(candidate), sampled=True)
         metric("worker_seconds").labels("total").observe(time.perf_counter() - started)
@@ -100,6 +102,7 @@ class Worker:
         """Encode, recode and plan every item: all the work that draws no randomness."""
         from sentdp.encoders import recode
 
+        self._inject_fault(items, "before")
         sentences = [s for item in items for s in item.sentences]
         metric("batch_sentences").observe(len(sentences))
         embedded = recode(self.bundle.recoder, self.encoder.encode(sentences))
@@ -111,6 +114,12 @@ class Worker:
         return self.mechanism.plan_batch(
             documents, [i.epsilon for i in items], [i.p for i in items]
         )
+
+    def _inject_fault(self, items: list[WorkItem], stage: str) -> None:
+        if self.fault_marker and any(
+            i.sentences[0] == f"{self.fault_marker}:{stage}" for i in items
+        ):
+            raise RuntimeError(f"injected fault {stage} sampling")
 
     def _journal(self, items: list[WorkItem]) -> None:
         if self.journal is None:

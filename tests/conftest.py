@@ -1,15 +1,47 @@
-"""Shared fixtures: one real encoder per session, an isolated BentoML home per session."""
+"""Shared fixtures: a real encoder, a quick real bundle, and a real server, once per session.
+
+Tests never touch the user's model store: BENTOML_HOME points at a temporary folder before
+anything imports BentoML. Public corpora are cached (sha256-verified) under .sentdp/cache.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parent.parent
+_BENTOML_HOME = tempfile.mkdtemp(prefix="sentdp-test-bentoml-")
+os.environ["BENTOML_HOME"] = _BENTOML_HOME
+os.environ["BENTOML_DO_NOT_TRACK"] = "true"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("SENTDP_CACHE_DIR", str(REPO / ".sentdp" / "cache"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_BENTOML_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def bentoml_home() -> Path:
+    return Path(_BENTOML_HOME)
+
+
+@pytest.fixture(scope="session")
+def quick_bundle_tag() -> str:
+    """A --quick bundle trained on a small real slice of BBC News, in the test model store."""
+    from training.pipeline import TrainConfig, run_training
+    from training.settings import load_settings
+
+    report = run_training(
+        TrainConfig(dataset="bbc-news", name="sentdp-test").quick(), load_settings()
+    )
+    return report.tag
 
 
 @pytest.fixture(scope="session")
@@ -21,19 +53,6 @@ def encoder():  # type: ignore[no-untyped-def]
 
     torch.set_num_threads(2)
     return SentenceEncoder(device="cpu")
-
-
-@pytest.fixture(scope="session", autouse=True)
-def bentoml_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Tests never touch the user's model store: BENTOML_HOME points at a temporary folder."""
-    home = tmp_path_factory.mktemp("bentoml_home")
-    previous = os.environ.get("BENTOML_HOME")
-    os.environ["BENTOML_HOME"] = str(home)
-    yield home
-    if previous is None:
-        os.environ.pop("BENTOML_HOME", None)
-    else:
-        os.environ["BENTOML_HOME"] = previous
 
 
 def postgres_url() -> str | None:
@@ -56,3 +75,25 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple
     schema = f"t_{uuid.uuid4().hex[:16]}"
     yield url, schema
     PostgresLedger(url, schema).drop_schema()
+
+
+@pytest.fixture(scope="session")
+def server(quick_bundle_tag: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One real `bentoml serve` (2 gateway workers + the batched worker) on an SQLite ledger,
+    with small limits, a sample journal and the test-only fault marker."""
+    from tests.server import Server, write_tenants
+
+    folder = tmp_path_factory.mktemp("server")
+    env = {
+        "SENTDP_MODEL": quick_bundle_tag,
+        "SENTDP_TENANTS_FILE": str(write_tenants(folder / "tenants.json")),
+        "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
+        "SENTDP_SAMPLE_JOURNAL": str(folder / "journal.txt"),
+        "SENTDP_FAULT_MARKER": "FAULT",
+        "SENTDP_MAX_SENTENCES": "40",
+        "SENTDP_MAX_DOCUMENTS": "4",
+        "SENTDP_MAX_BODY_BYTES": "65536",
+    }
+    started = Server(env, log=folder / "server.log").start()
+    yield started
+    started.stop()

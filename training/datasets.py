@@ -283,6 +283,8 @@ def stratified_splits(
 ) -> Splits:
     """Per label: shuffle with ``seed``, then cut into train / validation / test."""
     counts = Counter(d.label for d in corpus.documents)
+    if len(counts) < 2:
+        raise InputError(f"corpus {corpus.name} needs at least two labels, found {sorted(counts)}")
     small = {label: n for label, n in counts.items() if n < MIN_DOCUMENTS_PER_CLASS}
     if small:
         raise InputError(

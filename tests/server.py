@@ -1,0 +1,161 @@
+"""A real ``bentoml serve`` process on loopback, and the files it is configured with."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from service.tenants import Tenant, TenantsFile, hash_key
+
+REPO = Path(__file__).resolve().parent.parent
+BENTOML = Path(sys.executable).parent / "bentoml"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    id: str
+    key: str
+    max_epsilon: float
+    group_size: int
+    budget: float
+
+
+TENANTS = (
+    TenantSpec("acme", "sdp_test_acme_key_0123456789abcdef", 10.0, 1, 100.0),
+    TenantSpec("other", "sdp_test_other_key_0123456789abcdef", 10.0, 2, 20.0),
+    TenantSpec("tiny", "sdp_test_tiny_key_0123456789abcdef", 1.0, 1, 50.0),
+)
+
+
+def write_tenants(path: Path, tenants: tuple[TenantSpec, ...] = TENANTS) -> Path:
+    content = TenantsFile(
+        tenants=[
+            Tenant(
+                id=t.id,
+                key_sha256=[hash_key(t.key)],
+                max_epsilon=t.max_epsilon,
+                group_size=t.group_size,
+                budget=t.budget,
+            )
+            for t in tenants
+        ]
+    )
+    path.write_text(content.model_dump_json())
+    return path
+
+
+@dataclass
+class Server:
+    """``bentoml serve`` in its own process group, configured by SENTDP_* variables."""
+
+    env: dict[str, str]
+    target: str = "service.gateway:Gateway"
+    port: int = field(default_factory=free_port)
+    log: Path | None = None
+    cwd: Path = REPO
+    process: subprocess.Popen[bytes] | None = None
+    cold_start_seconds: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 300.0) -> Server:
+        env = {**os.environ, **self.env}
+        log = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
+        started = time.perf_counter()
+        self.process = subprocess.Popen(
+            [str(BENTOML), "serve", self.target, "--port", str(self.port), "--host", "127.0.0.1"],
+            cwd=self.cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"bentoml serve exited with {self.process.returncode}: {self.tail()}"
+                )
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    self.cold_start_seconds = time.perf_counter() - started
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"bentoml serve was not ready after {timeout} s: {self.tail()}")
+
+    def tail(self) -> str:
+        if self.log and self.log.is_file():
+            return self.log.read_text(errors="replace")[-3000:]
+        return ""
+
+    def _tree(self) -> list[psutil.Process]:
+        if self.process is None:
+            return []
+        try:
+            root = psutil.Process(self.process.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        """kill -9 of the whole server: the arbiter and every worker process at once."""
+        processes = self._tree()
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGKILL)
+        psutil.wait_procs(processes, timeout=30)
+        if self.process is not None:
+            self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        processes = self._tree()
+        self.process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(30)
+        _, alive = psutil.wait_procs(processes, timeout=15)
+        for process in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+
+    def worker_pids(self) -> list[int]:
+        """Processes of this server that run the batched worker service."""
+        return [p.pid for p in self._tree() if "sentdp-worker" in " ".join(p.cmdline())]
+
+
+def client(server: Server, key: str | None, timeout: float = 120.0) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.Client(base_url=server.url, headers=headers, timeout=timeout)
+
+
+def read_journal(path: Path) -> set[int]:
+    if not path.is_file():
+        return set()
+    return {int(line) for line in path.read_text().split()}
+
+
+def dump(data: object) -> str:
+    return json.dumps(data)

@@ -1,0 +1,166 @@
+"""Offline training on small real slices: the bundle, its reproducibility, and clear errors."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sentdp.bundle import Bundle
+from sentdp.errors import InputError
+from sentdp.text import TextLimits
+from training.datasets import REGISTRY, load_user_corpus, stratified_splits
+from training.pipeline import TrainConfig, run_training
+from training.settings import load_settings
+from training.store import load_from_store, save_to_store
+
+
+@pytest.fixture(scope="module")
+def quick_bundle(quick_bundle_tag: str) -> Bundle:
+    return load_from_store(quick_bundle_tag)
+
+
+def test_the_quick_bundle_is_in_the_store_and_loads_back(
+    quick_bundle_tag: str, quick_bundle: Bundle
+) -> None:
+    import bentoml
+
+    assert quick_bundle_tag in {str(m.tag) for m in bentoml.models.list()}
+    stored = bentoml.models.get(quick_bundle_tag)
+    assert stored.info.metadata["corpus"].startswith("bbc-news")
+    assert stored.info.metadata["corpus_sha256"] == quick_bundle.manifest.corpus.sha256
+    manifest = quick_bundle.manifest
+    assert manifest.corpus.labels == ["business", "entertainment", "politics", "sports", "tech"]
+    assert manifest.corpus.is_public
+    assert manifest.splitter["name"] == "nupunkt"
+    assert manifest.p_max == 20
+    assert [c.epsilon for c in manifest.p_table] == [1.0, 10.0]
+    m = manifest.candidates
+    assert quick_bundle.candidates.shape == (m, 384)
+    assert len(manifest.extra["candidate_doc_ids"]) == m
+    np.testing.assert_allclose(np.linalg.norm(quick_bundle.directions, axis=1), 1.0)
+    np.testing.assert_allclose(quick_bundle.candidate_class_probs.sum(axis=1), 1.0)
+    assert (quick_bundle.encoder_dir / "modules.json").is_file()  # self-contained
+
+
+def test_candidates_are_the_recoded_means_of_their_public_documents(
+    quick_bundle: Bundle, encoder
+) -> None:
+    from sentdp.encoders import recode
+
+    corpus = REGISTRY["bbc-news"](load_settings().cache_dir, TextLimits())
+    by_id = {d.doc_id: d for d in corpus.documents}
+    for position in (0, len(quick_bundle.candidates) - 1):
+        document = by_id[quick_bundle.manifest.extra["candidate_doc_ids"][position]]
+        assert len(document.sentences) >= 8
+        sentences = encoder.encode(list(document.sentences))
+        mean = recode(quick_bundle.recoder, sentences).mean(axis=0)
+        np.testing.assert_allclose(quick_bundle.candidates[position], mean, rtol=0, atol=1e-9)
+
+
+def test_retraining_with_the_same_seed_is_byte_identical(
+    quick_bundle_tag: str, quick_bundle: Bundle
+) -> None:
+    report = run_training(
+        TrainConfig(dataset="bbc-news", name="sentdp-test-again").quick(), load_settings()
+    )
+    assert report.embeddings_from_cache
+    again = report.bundle
+    assert again.candidates.tobytes() == quick_bundle.candidates.tobytes()
+    assert again.directions.tobytes() == quick_bundle.directions.tobytes()
+    assert again.manifest.p_table == quick_bundle.manifest.p_table
+    assert again.manifest.scores == quick_bundle.manifest.scores
+
+
+def test_a_user_csv_trains_only_when_declared_public(tmp_path: Path) -> None:
+    corpus = REGISTRY["bbc-news"](load_settings().cache_dir, TextLimits())
+    rows = [d for d in corpus.documents if d.label == "sports"][:30]
+    rows += [d for d in corpus.documents if d.label == "tech"][:30]
+    path = tmp_path / "mine.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["body", "topic"])
+        for document in rows:
+            writer.writerow([" ".join(document.sentences), document.label])
+    config = TrainConfig(dataset=str(path), text_column="body", label_column="topic").quick()
+    with pytest.raises(InputError, match="--corpus-is-public"):
+        run_training(config, load_settings())
+    report = run_training(dataclasses.replace(config, corpus_is_public=True), load_settings())
+    assert report.bundle.labels == ["sports", "tech"]
+    assert report.tag.startswith("sentdp-mine-quick30:")
+
+
+def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_user_corpus_errors_say_what_is_wrong(tmp_path: Path) -> None:
+    limits = TextLimits()
+    good = [{"text": "One here. Two there.", "label": "a"}] * 3
+    with pytest.raises(InputError, match="no column 'body'"):
+        load_user_corpus(write_jsonl(tmp_path / "a.jsonl", good), "body", "label", True, limits)
+    with pytest.raises(InputError, match="holds no documents"):
+        load_user_corpus(write_jsonl(tmp_path / "b.jsonl", []), "text", "label", True, limits)
+    one_sentence = write_jsonl(tmp_path / "c.jsonl", [{"text": "Only one.", "label": "a"}])
+    with pytest.raises(InputError, match="at least 2 sentences"):
+        load_user_corpus(one_sentence, "text", "label", True, limits)
+    (tmp_path / "d.txt").write_text("x")
+    with pytest.raises(InputError, match=r"\.csv, \.tsv or \.jsonl"):
+        load_user_corpus(tmp_path / "d.txt", "text", "label", True, limits)
+    rows = [
+        {"text": f"Doc {i} starts. It ends {i}.", "label": "a" if i % 2 else "b"} for i in range(8)
+    ]
+    corpus = load_user_corpus(
+        write_jsonl(tmp_path / "e.jsonl", rows), "text", "label", True, limits
+    )
+    with pytest.raises(InputError, match="at least 5 documents"):
+        stratified_splits(corpus, 0)
+    one_label = [{"text": f"Doc {i} starts. It ends {i}.", "label": "a"} for i in range(8)]
+    corpus = load_user_corpus(
+        write_jsonl(tmp_path / "f.jsonl", one_label), "text", "label", True, limits
+    )
+    with pytest.raises(InputError, match="at least two labels"):
+        stratified_splits(corpus, 0)
+
+
+def test_a_corpus_without_long_documents_has_no_candidates(tmp_path: Path) -> None:
+    rows = [
+        {
+            "text": f"Short doc {i}. About {'cats' if i % 2 else 'dogs'}.",
+            "label": "c" if i % 2 else "d",
+        }
+        for i in range(40)
+    ]
+    path = write_jsonl(tmp_path / "short.jsonl", rows)
+    config = TrainConfig(dataset=str(path), corpus_is_public=True).quick()
+    with pytest.raises(InputError, match="8 or more sentences"):
+        run_training(config, load_settings())
+
+
+def test_a_failed_save_leaves_nothing_in_the_store(quick_bundle: Bundle) -> None:
+    import bentoml
+
+    before = {str(m.tag) for m in bentoml.models.list()}
+    broken = dataclasses.replace(quick_bundle, encoder_dir=Path("/nonexistent/encoder"))
+    with pytest.raises(FileNotFoundError):
+        save_to_store(broken, "sentdp-broken", {})
+    assert {str(m.tag) for m in bentoml.models.list()} == before
+
+
+def test_the_cli_reports_errors_with_exit_code_2(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "x.jsonl", [{"text": "A. B.", "label": "a"}])
+    result = subprocess.run(
+        [sys.executable, "-m", "training.cli", "--dataset", str(path), "--text-column", "body"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--corpus-is-public" in result.stderr
