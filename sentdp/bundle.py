@@ -1,23 +1,31 @@
 """The model bundle: everything the service needs, as a directory of self-describing parts.
 
+A bundle shares one sentence encoder G and holds one or more *variants* of the mechanism,
+each with its own recoder H, candidate set F, directions V and candidate labels. The p table
+says, for every epsilon of a grid, which variant and how many directions to use (chosen on
+validation at training time). The paper's recipe is a single variant; task-tuned bundles add
+compact, label-specific variants. Candidate ids are global across variants: variant v owns
+ids ``offset_v .. offset_v + m_v - 1``.
+
 Layout (format version 1)::
 
-    manifest.json           BundleManifest: what, from which corpus, how, and which p per epsilon
-    encoder/                the sentence-transformers files of G (the bundle is self-contained)
-    recoder.json/.safetensors    H, absent when G' = G
-    mechanism.safetensors   candidates F (m, d'), directions V (p_max, d'),
-                            candidate_class_probs (m, r): C_dc's output for every candidate
-    classifier_dc.*         C_dc, on recoded document means
-    classifier_nonpriv.*    C_nonpriv, on plain G document means (a baseline)
+    manifest.json                   BundleManifest
+    encoder/                        the sentence-transformers files of G (self-contained)
+    classifier_nonpriv.*            C_nonpriv on plain G document means (a baseline)
+    variants/<name>/mechanism.safetensors   candidates (m, d'), directions (p_max, d'),
+                                            candidate_class_probs (m, r)
+    variants/<name>/recoder.*       H (absent when G' = G)
+    variants/<name>/classifier_dc.* C_dc on recoded means (absent for label-tuned variants)
 
-Compatibility promise: fields of the manifest are never removed and never change meaning; new
-fields are optional. A reader refuses a bundle whose ``format_version`` it does not know.
+Compatibility promise: manifest fields are never removed and never change meaning; new fields
+are optional. A reader refuses a bundle whose ``format_version`` it does not know.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sentdp.encoders import MLP
 from sentdp.errors import InputError
@@ -35,16 +43,19 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MECHANISM_FILE = "mechanism.safetensors"
 ENCODER_DIR = "encoder"
+VARIANTS_DIR = "variants"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 FloatArray = npt.NDArray[np.float64]
 
 
 class PChoice(BaseModel):
-    """The number of directions chosen on validation for one grid epsilon."""
+    """Which variant and how many directions to use for one grid epsilon."""
 
     model_config = ConfigDict(frozen=True)
 
     epsilon: float = Field(gt=0)
+    variant: str
     p: int = Field(ge=1)
     validation_macro_f1: float | None = None
 
@@ -64,6 +75,30 @@ class CorpusRecord(BaseModel):
     labels: list[str]
 
 
+class VariantRecord(BaseModel):
+    """One mechanism variant: its recipe, sizes and where its candidate ids start."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    recipe: str
+    dim: int = Field(ge=1)
+    candidates: int = Field(ge=1)
+    offset: int = Field(ge=0)
+    p_max: int = Field(ge=1)
+    directions_seed: int
+    labels_from: str
+    """How candidates got their class: "classifier" (C_dc) or "head" (the label-tuned head)."""
+    recoder: dict[str, Any] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"variant names are lowercase letters, digits, - and _: {value!r}")
+        return value
+
+
 class BundleManifest(BaseModel):
     """Versioned description of a bundle; see the module docstring for the promise it keeps."""
 
@@ -77,11 +112,7 @@ class BundleManifest(BaseModel):
     corpus: CorpusRecord
     encoder: dict[str, Any]
     splitter: dict[str, str]
-    recoder: dict[str, Any] | None = None
-    candidates: int
-    dim: int
-    p_max: int
-    directions_seed: int
+    variants: list[VariantRecord] = Field(min_length=1)
     p_table: list[PChoice]
     scores: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
@@ -104,63 +135,80 @@ class BundleManifest(BaseModel):
             raise ValueError("the p table needs at least one epsilon")
         return sorted(value, key=lambda c: c.epsilon)
 
-    def p_for(self, epsilon: float) -> int:
-        """p of the largest grid epsilon <= the request; below the grid, the smallest entry's."""
+    @model_validator(mode="after")
+    def _consistent(self) -> BundleManifest:
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise ValueError("variant names must be unique")
+        offset = 0
+        for variant in self.variants:
+            if variant.offset != offset:
+                raise ValueError(f"variant {variant.name} should start at candidate id {offset}")
+            offset += variant.candidates
+        by_name = {v.name: v for v in self.variants}
+        for choice in self.p_table:
+            if choice.variant not in by_name:
+                raise ValueError(f"the p table names an unknown variant {choice.variant!r}")
+            if choice.p > by_name[choice.variant].p_max:
+                raise ValueError("the p table asks for more directions than a variant holds")
+        return self
+
+    @property
+    def candidates(self) -> int:
+        """Candidates of all variants together (the range of candidate ids)."""
+        return sum(v.candidates for v in self.variants)
+
+    def choice_for(self, epsilon: float) -> PChoice:
+        """The grid entry of the largest grid epsilon <= the request; below the grid, the
+        smallest entry."""
         if not math.isfinite(epsilon) or epsilon <= 0:
             raise InputError(f"epsilon must be a finite number above 0, got {epsilon!r}")
         chosen = self.p_table[0]
         for entry in self.p_table:
             if entry.epsilon <= epsilon:
                 chosen = entry
-        return chosen.p
+        return chosen
+
+    def p_for(self, epsilon: float) -> int:
+        return self.choice_for(epsilon).p
 
 
 @dataclass(frozen=True)
-class Bundle:
-    """A loaded bundle: arrays in memory, the encoder as a directory path."""
+class Variant:
+    """One mechanism variant in memory."""
 
-    manifest: BundleManifest
+    record: VariantRecord
     candidates: FloatArray
     directions: FloatArray
     candidate_class_probs: FloatArray
     recoder: MLP | None
-    classifier_dc: MLP | None
-    classifier_nonpriv: MLP | None
-    encoder_dir: Path
+    classifier_dc: MLP | None = None
 
     def __post_init__(self) -> None:
         m, dim = self.candidates.shape
-        if self.directions.shape[1] != dim or self.directions.shape[0] != self.manifest.p_max:
-            raise InputError(f"directions {self.directions.shape} do not fit candidates {(m, dim)}")
-        if self.candidate_class_probs.shape != (m, len(self.manifest.corpus.labels)):
-            raise InputError("the candidate class table does not match candidates and labels")
+        if (m, dim) != (self.record.candidates, self.record.dim):
+            raise InputError(f"variant {self.record.name}: candidates do not match its record")
+        if self.directions.shape != (self.record.p_max, dim):
+            raise InputError(f"variant {self.record.name}: directions do not fit its candidates")
+        if self.candidate_class_probs.shape[0] != m:
+            raise InputError(f"variant {self.record.name}: the class table has the wrong size")
         if self.recoder is not None and self.recoder.output_dim != dim:
-            raise InputError("the recoder's output size differs from the candidates'")
-        if max(c.p for c in self.manifest.p_table) > self.manifest.p_max:
-            raise InputError("the p table asks for more directions than the bundle holds")
-
-    @property
-    def labels(self) -> list[str]:
-        return self.manifest.corpus.labels
+            raise InputError(f"variant {self.record.name}: the recoder's output size differs")
 
     def mechanism(self, device: Any = None) -> DeepCandidate:
         return DeepCandidate(self.candidates, self.directions, device=device)
 
     def candidate_labels(self) -> npt.NDArray[np.int64]:
-        """The class index C_dc gives each candidate (what /classify returns for it)."""
+        """The class index each candidate stands for (what /classify returns for it)."""
         labels: npt.NDArray[np.int64] = np.argmax(self.candidate_class_probs, axis=1).astype(
             np.int64
         )
         return labels
 
     def save(self, directory: Path) -> None:
-        """Write the bundle into an empty or new directory (the encoder files are copied)."""
         from safetensors.numpy import save_file
 
-        directory.mkdir(parents=True, exist_ok=True)
-        if any(directory.iterdir()):
-            raise InputError(f"{directory} is not empty; a bundle is written into a fresh folder")
-        shutil.copytree(self.encoder_dir, directory / ENCODER_DIR)
+        directory.mkdir(parents=True, exist_ok=False)
         save_file(
             {
                 "candidates": np.ascontiguousarray(self.candidates, dtype=np.float64),
@@ -171,20 +219,80 @@ class Bundle:
             },
             str(directory / MECHANISM_FILE),
         )
-        for name, mlp in (
-            ("recoder", self.recoder),
-            ("classifier_dc", self.classifier_dc),
-            ("classifier_nonpriv", self.classifier_nonpriv),
-        ):
+        for name, mlp in (("recoder", self.recoder), ("classifier_dc", self.classifier_dc)):
             if mlp is not None:
                 mlp.save(directory, name)
+
+    @classmethod
+    def load(cls, directory: Path, record: VariantRecord) -> Variant:
+        from safetensors.numpy import load_file
+
+        arrays = load_file(str(directory / MECHANISM_FILE))
+        return cls(
+            record=record,
+            candidates=arrays["candidates"],
+            directions=arrays["directions"],
+            candidate_class_probs=arrays["candidate_class_probs"],
+            recoder=_optional_mlp(directory, "recoder"),
+            classifier_dc=_optional_mlp(directory, "classifier_dc"),
+        )
+
+
+def _optional_mlp(directory: Path, name: str) -> MLP | None:
+    return MLP.load(directory, name) if (directory / f"{name}.json").is_file() else None
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A loaded bundle: variants in memory, the encoder as a directory path."""
+
+    manifest: BundleManifest
+    variants: tuple[Variant, ...]
+    classifier_nonpriv: MLP | None
+    encoder_dir: Path
+
+    def __post_init__(self) -> None:
+        if [v.record for v in self.variants] != list(self.manifest.variants):
+            raise InputError("the bundle's variants do not match its manifest")
+        r = len(self.manifest.corpus.labels)
+        if any(v.candidate_class_probs.shape[1] != r for v in self.variants):
+            raise InputError("a variant's class table does not match the bundle's labels")
+
+    @property
+    def labels(self) -> list[str]:
+        return self.manifest.corpus.labels
+
+    def variant(self, name: str) -> Variant:
+        for variant in self.variants:
+            if variant.record.name == name:
+                return variant
+        raise InputError(f"the bundle has no variant {name!r}")
+
+    def locate(self, candidate: int) -> tuple[Variant, int]:
+        """The variant owning a global candidate id, and the id inside that variant."""
+        for variant in self.variants:
+            local = candidate - variant.record.offset
+            if 0 <= local < variant.record.candidates:
+                return variant, local
+        raise InputError(
+            f"candidate {candidate} is not in this bundle (0 to {self.manifest.candidates - 1})"
+        )
+
+    def save(self, directory: Path) -> None:
+        """Write the bundle into an empty or new directory (the encoder files are copied)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        if any(directory.iterdir()):
+            raise InputError(f"{directory} is not empty; a bundle is written into a fresh folder")
+        shutil.copytree(self.encoder_dir, directory / ENCODER_DIR)
+        for variant in self.variants:
+            variant.save(directory / VARIANTS_DIR / variant.record.name)
+        if self.classifier_nonpriv is not None:
+            self.classifier_nonpriv.save(directory, "classifier_nonpriv")
         (directory / MANIFEST).write_text(self.manifest.model_dump_json(indent=2))
 
     @classmethod
     def load(cls, directory: Path) -> Bundle:
         """Read a bundle written by :meth:`save`, checking its format version and shapes."""
-        from safetensors.numpy import load_file
-
         manifest_path = directory / MANIFEST
         if not manifest_path.is_file():
             raise InputError(f"{directory} holds no sentdp bundle (no {MANIFEST})")
@@ -192,18 +300,13 @@ class Bundle:
             manifest = BundleManifest.model_validate(json.loads(manifest_path.read_text()))
         except ValueError as error:
             raise InputError(f"cannot read the bundle manifest in {directory}: {error}") from error
-        arrays = load_file(str(directory / MECHANISM_FILE))
-
-        def optional(name: str) -> MLP | None:
-            return MLP.load(directory, name) if (directory / f"{name}.json").is_file() else None
-
+        variants = tuple(
+            Variant.load(directory / VARIANTS_DIR / record.name, record)
+            for record in manifest.variants
+        )
         return cls(
             manifest=manifest,
-            candidates=arrays["candidates"],
-            directions=arrays["directions"],
-            candidate_class_probs=arrays["candidate_class_probs"],
-            recoder=optional("recoder"),
-            classifier_dc=optional("classifier_dc"),
-            classifier_nonpriv=optional("classifier_nonpriv"),
+            variants=variants,
+            classifier_nonpriv=_optional_mlp(directory, "classifier_nonpriv"),
             encoder_dir=directory / ENCODER_DIR,
         )

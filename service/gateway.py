@@ -23,7 +23,7 @@ import bentoml
 from starlette.responses import JSONResponse, Response
 
 from sentdp.accounting import Charge, charge_for, epsilon_of_charge, to_epsilon
-from sentdp.bundle import Bundle
+from sentdp.bundle import Bundle, PChoice
 from sentdp.errors import InputError, LimitError
 from sentdp.mechanism import privacy_slack
 from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
@@ -97,7 +97,9 @@ class Gateway:
             self.settings.idempotency_pending_seconds,
         )
         self.secret = self.ledger.hmac_secret()
-        self.slack = privacy_slack(self.bundle.manifest.candidates)
+        self.slack = {
+            v.record.name: privacy_slack(v.record.candidates) for v in self.bundle.variants
+        }
 
     # --- the API ---------------------------------------------------------------------------
     @bentoml.api(input_spec=PrivatizeRequest)
@@ -171,14 +173,10 @@ class Gateway:
         bundle = await asyncio.to_thread(self._bundle_for, model)
         labels = []
         for candidate in candidates:
-            if not 0 <= candidate < bundle.manifest.candidates:
-                raise ApiError(
-                    400,
-                    "invalid_candidate",
-                    f"candidate {candidate} is not in model {model} "
-                    f"(0 to {bundle.manifest.candidates - 1})",
-                )
-            labels.append(label_of(bundle, candidate))
+            try:
+                labels.append(label_of(bundle, candidate))
+            except InputError as error:
+                raise ApiError(400, "invalid_candidate", f"model {model}: {error}") from None
         return ClassifyResponse(model=model, labels=labels)
 
     def _bundle_for(self, model: str) -> Bundle:
@@ -204,7 +202,12 @@ class Gateway:
     ) -> Any:
         tenant = self._tenant(ctx)
         started = time.perf_counter()
-        micro = self._charge(epsilon, tenant)
+        if not math.isfinite(epsilon) or epsilon <= 0:
+            raise ApiError(
+                400, "invalid_epsilon", f"epsilon must be a finite number above 0, got {epsilon!r}"
+            )
+        choice = self.bundle.manifest.choice_for(epsilon)
+        micro = self._charge(epsilon, tenant, self.slack[choice.variant])
         if len(documents) > self.settings.max_documents:
             raise ApiError(
                 413,
@@ -248,7 +251,7 @@ class Gateway:
             ctx.response.headers["Idempotent-Replayed"] = "true"
             return Response(reserved.response, media_type="application/json")
         return await self._run_mechanism(
-            ctx, tenant, user, epsilon, micro, split, reserved, key, with_labels, started
+            ctx, tenant, user, choice, micro, split, reserved, key, with_labels, started
         )
 
     async def _run_mechanism(
@@ -256,7 +259,7 @@ class Gateway:
         ctx: bentoml.Context,
         tenant: Tenant,
         user: str,
-        epsilon: float,
+        choice: PChoice,
         micro: int,
         split: list[list[str]],
         reserved: Reservation,
@@ -264,10 +267,16 @@ class Gateway:
         with_labels: bool,
         started: float,
     ) -> Any:
-        p = self.bundle.manifest.p_for(epsilon)
         run_at = epsilon_of_charge(micro)
         items = [
-            WorkItem(charge_id=cid, model=self.version, sentences=sentences, epsilon=run_at, p=p)
+            WorkItem(
+                charge_id=cid,
+                model=self.version,
+                variant=choice.variant,
+                sentences=sentences,
+                epsilon=run_at,
+                p=choice.p,
+            )
             for cid, sentences in zip(reserved.charge_ids, split, strict=True)
         ]
         results, reason = await self._call_worker(items)
@@ -283,7 +292,7 @@ class Gateway:
             reserved.account.period,
         )
         released = [
-            self._document(result, len(sentences), to_epsilon(micro), p, with_labels)
+            self._document(result, len(sentences), to_epsilon(micro), choice.p, with_labels)
             for result, sentences in zip(results, split, strict=True)
             if result.sampled
         ]
@@ -355,9 +364,11 @@ class Gateway:
         self, result: WorkResult, k: int, epsilon: float, p: int, with_labels: bool
     ) -> PrivateDocument:
         candidate = int(result.candidate if result.candidate is not None else -1)
+        variant, local = self.bundle.locate(candidate)
         document = PrivateDocument(
-            embedding=self.bundle.candidates[candidate].tolist(),
+            embedding=variant.candidates[local].tolist(),
             candidate=candidate,
+            variant=variant.record.name,
             k=k,
             epsilon=epsilon,
             p=p,
@@ -368,12 +379,12 @@ class Gateway:
             document.probabilities = label.probabilities
         return document
 
-    def _charge(self, epsilon: float, tenant: Tenant) -> int:
-        if not math.isfinite(epsilon) or epsilon <= self.slack:
+    def _charge(self, epsilon: float, tenant: Tenant, slack: float) -> int:
+        if epsilon <= slack:
             raise ApiError(
                 400,
                 "invalid_epsilon",
-                f"epsilon must be a finite number above {self.slack:.2g}, got {epsilon!r}",
+                f"epsilon must be a finite number above {slack:.2g}, got {epsilon!r}",
             )
         if epsilon > tenant.max_epsilon:
             raise ApiError(
@@ -434,7 +445,8 @@ class Gateway:
 
 
 def label_of(bundle: Bundle, candidate: int) -> CandidateLabel:
-    probs = bundle.candidate_class_probs[candidate]
+    variant, local = bundle.locate(candidate)
+    probs = variant.candidate_class_probs[local]
     labels = bundle.labels
     return CandidateLabel(
         candidate=candidate,

@@ -87,6 +87,9 @@ class PrivateDocument(BaseModel):
 
     embedding: list[float]
     candidate: int
+    """Global candidate id in the model (see /classify lookups)."""
+    variant: str
+    """The bundle's mechanism variant that produced it (chosen by epsilon)."""
     k: int
     """Number of sentences the document was split into (public)."""
     epsilon: float
@@ -122,6 +125,7 @@ class WorkItem(BaseModel):
 
     charge_id: int
     model: str
+    variant: str
     sentences: list[str]
     epsilon: float
     p: int
@@ -131,5 +135,6 @@ class WorkResult(BaseModel):
     """The worker's answer for one item. ``sampled`` is False only if no randomness was drawn."""
 
     candidate: int | None = None
+    """Global candidate id (the variant's offset plus its index in the variant)."""
     sampled: bool
     error: str | None = None

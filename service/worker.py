@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import bentoml
+import numpy as np
 
+from sentdp.mechanism import DeepCandidate
 from service.metrics import metric
 from service.schemas import WorkItem, WorkResult
 from service.settings import load_settings
@@ -52,7 +54,8 @@ class Worker:
             self.bundle.encoder_dir, settings.device, settings.encode_batch_size
         )
         device = self.encoder.device if self.encoder.device.startswith("cuda") else None
-        self.mechanism = self.bundle.mechanism(device=device)
+        self.variants = {v.record.name: v for v in self.bundle.variants}
+        self.mechanisms = {name: v.mechanism(device=device) for name, v in self.variants.items()}
         self.journal = settings.sample_journal
         self.fault_marker = settings.fault_marker
         self.encoder.encode(["Warm up the encoder."])
@@ -78,7 +81,11 @@ class Worker:
             WorkResult(sampled=False, error=f"this worker serves {self.version}, not {i.model}")
             for i in items
         ]
-        mine = [n for n, item in enumerate(items) if item.model == self.version]
+        mine = [
+            n
+            for n, item in enumerate(items)
+            if item.model == self.version and item.variant in self.variants
+        ]
         if not mine:
             return results
         try:
@@ -91,29 +98,35 @@ class Worker:
             return results
         metric("worker_seconds").labels("prepare").observe(time.perf_counter() - started)
         self._journal([items[n] for n in mine])
-        chosen = self.mechanism.draw_plans(plans)
+        chosen = DeepCandidate.draw_plans(plans)
         self._inject_fault([items[n] for n in mine], "after")
-        for n, candidate in zip(mine, chosen, strict=True):
-            results[n] = WorkResult(candidate=int(candidate), sampled=True)
+        for n, local in zip(mine, chosen, strict=True):
+            offset = self.variants[items[n].variant].record.offset
+            results[n] = WorkResult(candidate=offset + int(local), sampled=True)
         metric("worker_seconds").labels("total").observe(time.perf_counter() - started)
         return results
 
     def _plans(self, items: list[WorkItem]) -> list[Any]:
-        """Encode, recode and plan every item: all the work that draws no randomness."""
+        """Encode once with G, recode and plan each item in its variant: all the work that
+        draws no randomness. Plans come back in the order of ``items``."""
         from sentdp.encoders import recode
 
         self._inject_fault(items, "before")
         sentences = [s for item in items for s in item.sentences]
         metric("batch_sentences").observe(len(sentences))
-        embedded = recode(self.bundle.recoder, self.encoder.encode(sentences))
-        documents = []
-        start = 0
-        for item in items:
-            documents.append(embedded[start : start + len(item.sentences)])
-            start += len(item.sentences)
-        return self.mechanism.plan_batch(
-            documents, [i.epsilon for i in items], [i.p for i in items]
-        )
+        encoded = self.encoder.encode(sentences)
+        bounds = np.cumsum([0] + [len(item.sentences) for item in items])
+        plans: list[Any] = [None] * len(items)
+        for name in sorted({item.variant for item in items}):
+            members = [n for n, item in enumerate(items) if item.variant == name]
+            recoder = self.variants[name].recoder
+            documents = [recode(recoder, encoded[bounds[n] : bounds[n + 1]]) for n in members]
+            planned = self.mechanisms[name].plan_batch(
+                documents, [items[n].epsilon for n in members], [items[n].p for n in members]
+            )
+            for n, plan in zip(members, planned, strict=True):
+                plans[n] = plan
+        return plans
 
     def _inject_fault(self, items: list[WorkItem], stage: str) -> None:
         if self.fault_marker and any(

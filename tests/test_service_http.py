@@ -46,11 +46,13 @@ def test_privatize_returns_a_candidate_of_the_bundle_and_charges_once(server, bu
     body = response.json()
     assert body["model"] == server.env["SENTDP_MODEL"]
     (document,) = body["documents"]
-    assert 0 <= document["candidate"] < bundle.manifest.candidates
-    np.testing.assert_array_equal(document["embedding"], bundle.candidates[document["candidate"]])
+    variant, local = bundle.locate(document["candidate"])
+    np.testing.assert_array_equal(document["embedding"], variant.candidates[local])
+    choice = bundle.manifest.choice_for(2.5)
+    assert (document["variant"], document["p"]) == (choice.variant, choice.p)
+    assert variant.record.name == choice.variant
     assert document["k"] == 4
     assert document["epsilon"] == 2.5
-    assert document["p"] == bundle.manifest.p_for(2.5)
     assert body["budget"] == {
         "user": "p-user",
         "spent_epsilon": 2.5,
@@ -84,7 +86,8 @@ def test_classify_labels_the_released_candidate_and_lookup_is_free(server, bundl
         )
         assert classified.status_code == 200, classified.text
         (document,) = classified.json()["documents"]
-        probabilities = bundle.candidate_class_probs[document["candidate"]]
+        variant, local = bundle.locate(document["candidate"])
+        probabilities = variant.candidate_class_probs[local]
         assert document["label"] == bundle.labels[int(probabilities.argmax())]
         assert math.isclose(sum(document["probabilities"].values()), 1.0, rel_tol=1e-9)
         assert classified.json()["budget"]["spent_epsilon"] == 3.0

@@ -39,13 +39,15 @@ def test_the_quick_bundle_is_in_the_store_and_loads_back(
     assert manifest.corpus.labels == ["business", "entertainment", "politics", "sports", "tech"]
     assert manifest.corpus.is_public
     assert manifest.splitter["name"] == "nupunkt"
-    assert manifest.p_max == 20
     assert [c.epsilon for c in manifest.p_table] == [1.0, 10.0]
+    assert {c.variant for c in manifest.p_table} == {"paper"}
+    (variant,) = quick_bundle.variants
+    assert variant.record.p_max == 20
     m = manifest.candidates
-    assert quick_bundle.candidates.shape == (m, 384)
+    assert variant.candidates.shape == (m, 384)
     assert len(manifest.extra["candidate_doc_ids"]) == m
-    np.testing.assert_allclose(np.linalg.norm(quick_bundle.directions, axis=1), 1.0)
-    np.testing.assert_allclose(quick_bundle.candidate_class_probs.sum(axis=1), 1.0)
+    np.testing.assert_allclose(np.linalg.norm(variant.directions, axis=1), 1.0)
+    np.testing.assert_allclose(variant.candidate_class_probs.sum(axis=1), 1.0)
     assert (quick_bundle.encoder_dir / "modules.json").is_file()  # self-contained
 
 
@@ -56,12 +58,13 @@ def test_candidates_are_the_recoded_means_of_their_public_documents(
 
     corpus = REGISTRY["bbc-news"](load_settings().cache_dir, TextLimits())
     by_id = {d.doc_id: d for d in corpus.documents}
-    for position in (0, len(quick_bundle.candidates) - 1):
+    (variant,) = quick_bundle.variants
+    for position in (0, len(variant.candidates) - 1):
         document = by_id[quick_bundle.manifest.extra["candidate_doc_ids"][position]]
         assert len(document.sentences) >= 8
         sentences = encoder.encode(list(document.sentences))
-        mean = recode(quick_bundle.recoder, sentences).mean(axis=0)
-        np.testing.assert_allclose(quick_bundle.candidates[position], mean, rtol=0, atol=1e-9)
+        mean = recode(variant.recoder, sentences).mean(axis=0)
+        np.testing.assert_allclose(variant.candidates[position], mean, rtol=0, atol=1e-9)
 
 
 def test_retraining_with_the_same_seed_is_byte_identical(
@@ -71,11 +74,12 @@ def test_retraining_with_the_same_seed_is_byte_identical(
         TrainConfig(dataset="bbc-news", name="sentdp-test-again").quick(), load_settings()
     )
     assert report.embeddings_from_cache
-    again = report.bundle
-    assert again.candidates.tobytes() == quick_bundle.candidates.tobytes()
-    assert again.directions.tobytes() == quick_bundle.directions.tobytes()
-    assert again.manifest.p_table == quick_bundle.manifest.p_table
-    assert again.manifest.scores == quick_bundle.manifest.scores
+    (again,) = report.bundle.variants
+    (first,) = quick_bundle.variants
+    assert again.candidates.tobytes() == first.candidates.tobytes()
+    assert again.directions.tobytes() == first.directions.tobytes()
+    assert report.bundle.manifest.p_table == quick_bundle.manifest.p_table
+    assert report.bundle.manifest.scores == quick_bundle.manifest.scores
 
 
 def test_a_user_csv_trains_only_when_declared_public(tmp_path: Path) -> None:
@@ -88,12 +92,17 @@ def test_a_user_csv_trains_only_when_declared_public(tmp_path: Path) -> None:
         writer.writerow(["body", "topic"])
         for document in rows:
             writer.writerow([" ".join(document.sentences), document.label])
-    config = TrainConfig(dataset=str(path), text_column="body", label_column="topic").quick()
+    config = TrainConfig(
+        dataset=str(path), text_column="body", label_column="topic", recipe="mixed", label_dims=(2,)
+    ).quick()
     with pytest.raises(InputError, match="--corpus-is-public"):
         run_training(config, load_settings())
     report = run_training(dataclasses.replace(config, corpus_is_public=True), load_settings())
     assert report.bundle.labels == ["sports", "tech"]
-    assert report.tag.startswith("sentdp-mine-quick30:")
+    assert [v.record.name for v in report.bundle.variants] == ["paper", "label-2d"]
+    assert report.bundle.variants[1].candidates.shape[1] == 2
+    assert report.bundle.variants[1].record.offset == report.bundle.variants[0].record.candidates
+    assert report.tag.startswith("sentdp-mine-quick30-mixed:")
 
 
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:

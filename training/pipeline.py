@@ -13,26 +13,26 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from sentdp.bundle import Bundle, BundleManifest, CorpusRecord
+from sentdp.bundle import Bundle, BundleManifest, CorpusRecord, Variant
 from sentdp.encoders import SentenceEncoder, recode
 from sentdp.errors import InputError
-from sentdp.mechanism import DeepCandidate
 from sentdp.text import SentenceSplitter, TextLimits
-from training.candidates import candidate_embeddings, choose_candidates, random_directions
-from training.classifiers import softmax, train_classifier
+from training.candidates import choose_candidates
+from training.classifiers import train_classifier
 from training.datasets import (
     REGISTRY,
     Corpus,
+    Splits,
     load_user_corpus,
     stratified_splits,
     subsample_per_class,
 )
 from training.embeddings import CorpusEmbeddings, embed_corpus
 from training.nets import seed_everything
-from training.p_selection import DEFAULT_EPSILONS, DEFAULT_PS, choose_p
-from training.recoder import cluster_labels, recoded_means, train_recoder
+from training.p_selection import DEFAULT_EPSILONS, DEFAULT_PS, Option, choose_p
 from training.settings import TrainingSettings
 from training.store import save_to_store
+from training.variants import TrainingData, build_variant, specs_for
 
 VERSIONED_PACKAGES = (
     "sentdp",
@@ -60,6 +60,7 @@ class TrainConfig:
     epsilons: tuple[float, ...] = DEFAULT_EPSILONS
     max_epochs: int = 20
     recipe: str = "paper"
+    label_dims: tuple[int, ...] = (2, 4, 8)
     corpus_is_public: bool = False
     text_column: str = "text"
     label_column: str = "label"
@@ -159,6 +160,7 @@ def run_training(
         "split_seed": config.seed,
         "splits": splits.sizes(),
         "candidates": bundle.manifest.candidates,
+        "variants": [v.name for v in bundle.manifest.variants],
         "recipe": config.recipe,
         "validation": scores,
         "versions": bundle.manifest.versions,
@@ -173,79 +175,66 @@ def run_training(
 def build_bundle(
     config: TrainConfig,
     corpus: Corpus,
-    splits: Any,
+    splits: Splits,
     encoder: SentenceEncoder,
     embeddings: CorpusEmbeddings,
     splitter: dict[str, str],
     console: Console,
 ) -> tuple[Bundle, dict[str, Any]]:
-    """H, F, V, classifiers and the p table from cached embeddings (the paper's recipe)."""
-    if config.recipe != "paper":
-        raise InputError(f"unknown recipe {config.recipe!r}")
+    """Every variant of the recipe, C_nonpriv, and the (variant, p) table from cached embeddings."""
     label_index = {label: i for i, label in enumerate(corpus.labels)}
     y = np.array([label_index[d.label] for d in corpus.documents], dtype=np.int64)
-    train, validation = splits.train, splits.validation
-    n_classes = len(corpus.labels)
-
-    train_clusters, validation_clusters = cluster_labels(
-        embeddings.means(train), embeddings.means(validation), config.n_clusters, config.seed
-    )
-    recoder = train_recoder(
-        embeddings,
-        train,
-        validation,
-        train_clusters,
-        validation_clusters,
-        output_dim=encoder.dim,
+    data = TrainingData(
+        embeddings=embeddings,
+        y=y,
+        train=list(splits.train),
+        validation=list(splits.validation),
+        n_classes=len(corpus.labels),
         seed=config.seed,
         max_epochs=config.max_epochs,
-    )
-    console.print(
-        f"recoder H: best epoch {recoder.best_epoch}/{recoder.epochs}, validation cluster "
-        f"accuracy {recoder.validation_accuracy:.3f}"
-    )
-    c_dc = train_classifier(
-        recoded_means(recoder.recoder, embeddings, train),
-        y[train],
-        recoded_means(recoder.recoder, embeddings, validation),
-        y[validation],
-        n_classes,
-        config.seed,
-        config.max_epochs,
+        n_clusters=config.n_clusters,
+        max_candidates=config.max_candidates,
+        p_max=config.p_max,
     )
     c_nonpriv = train_classifier(
-        embeddings.means(train),
-        y[train],
-        embeddings.means(validation),
-        y[validation],
-        n_classes,
+        embeddings.means(data.train),
+        y[data.train],
+        embeddings.means(data.validation),
+        y[data.validation],
+        data.n_classes,
         config.seed,
         config.max_epochs,
     )
-    candidate_docs = choose_candidates(embeddings, train, config.max_candidates, config.seed)
-    candidates = candidate_embeddings(recoder.recoder, embeddings, candidate_docs)
-    directions = random_directions(config.p_max, candidates.shape[1], config.seed)
-    class_probs = softmax(c_dc.classifier(candidates))
-    mechanism = DeepCandidate(candidates, directions)
-    documents = [recode(recoder.recoder, embeddings.document(i)) for i in validation]
-    p_table = choose_p(
-        mechanism,
-        documents,
-        list(y[validation]),
-        np.argmax(class_probs, axis=1),
-        n_classes,
-        config.epsilons,
-        config.ps,
+    variants: list[Variant] = []
+    variant_scores: dict[str, Any] = {}
+    offset = 0
+    for spec in specs_for(config.recipe, config.label_dims):
+        variant, trained = build_variant(spec, data, offset, console)
+        variants.append(variant)
+        variant_scores[spec.name] = trained
+        offset += variant.record.candidates
+    options = [
+        Option(
+            variant=v.record.name,
+            mechanism=v.mechanism(),
+            documents=[recode(v.recoder, embeddings.document(i)) for i in data.validation],
+            candidate_labels=v.candidate_labels(),
+        )
+        for v in variants
+    ]
+    p_table, grid = choose_p(
+        options, list(y[data.validation]), data.n_classes, config.epsilons, config.ps
     )
     scores: dict[str, Any] = {
         "validation_macro_f1": {
             "nonprivate": c_nonpriv.validation_macro_f1,
-            "recoded_nonprivate": c_dc.validation_macro_f1,
             "deepcandidate": {f"{c.epsilon:g}": c.validation_macro_f1 for c in p_table},
         },
-        "p_by_epsilon": {f"{c.epsilon:g}": c.p for c in p_table},
-        "recoder_validation_cluster_accuracy": recoder.validation_accuracy,
+        "choice_by_epsilon": {f"{c.epsilon:g}": f"{c.variant} p={c.p}" for c in p_table},
+        "variants": variant_scores,
+        "validation_grid": grid,
     }
+    candidate_docs = choose_candidates(embeddings, data.train, config.max_candidates, config.seed)
     manifest = BundleManifest(
         name=model_name(config, corpus),
         recipe=config.recipe,
@@ -262,21 +251,13 @@ def build_bundle(
         ),
         encoder=encoder.describe(),
         splitter=splitter,
-        recoder={
-            "kind": "mlp",
-            "layers": 4,
-            "output_dim": candidates.shape[1],
-            "clusters": int(train_clusters.max()) + 1,
-            "best_epoch": recoder.best_epoch,
-        },
-        candidates=len(candidate_docs),
-        dim=candidates.shape[1],
-        p_max=config.p_max,
-        directions_seed=config.seed,
+        variants=[v.record for v in variants],
         p_table=p_table,
         scores=scores,
         versions=library_versions(),
         extra={
+            "dataset": config.dataset,
+            "per_class": config.per_class,
             "candidate_doc_ids": [corpus.documents[i].doc_id for i in candidate_docs],
             "text_limits": {
                 "max_sentences": config.limits.max_sentences,
@@ -286,11 +267,7 @@ def build_bundle(
     )
     bundle = Bundle(
         manifest=manifest,
-        candidates=candidates,
-        directions=directions,
-        candidate_class_probs=class_probs,
-        recoder=recoder.recoder,
-        classifier_dc=c_dc.classifier,
+        variants=tuple(variants),
         classifier_nonpriv=c_nonpriv.classifier,
         encoder_dir=encoder.path,
     )

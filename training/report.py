@@ -1,0 +1,147 @@
+"""Evaluation results to files: results.json, report.md and the two plots of the paper."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+LABELS = {
+    "deepcandidate": "DeepCandidate (SentDP)",
+    "truncation": "Truncation (SentDP)",
+    "word_mdp": "Word-level metric DP",
+    "nonprivate": "Non-private",
+    "random_guess": "Random guess",
+}
+STYLES = {
+    "deepcandidate": ("tab:blue", "o", "-"),
+    "truncation": ("tab:orange", "s", "-"),
+    "word_mdp": ("tab:green", "^", "-"),
+    "nonprivate": ("black", "", "--"),
+    "random_guess": ("gray", "", ":"),
+}
+
+
+def write_report(results: dict[str, Any], out: Path, command: str) -> list[Path]:
+    """Write every file; return their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    plots = [_eps_plot(results, out / "eps_sweep.png"), _k_plot(results, out / "k_sweep.png")]
+    (out / "report.md").write_text(_markdown(results, command))
+    return [out / "results.json", out / "report.md", *plots]
+
+
+def _cell(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "n/a"
+    return f"{entry['mean']:.3f} ± {entry['sd']:.3f}"
+
+
+def _markdown(results: dict[str, Any], command: str) -> str:
+    eps = [f"{e:g}" for e in results["epsilons"]]
+    lines = [
+        f"# {results['model']} on {results['corpus']}: macro-F1 on the test split",
+        "",
+        f"{results['test_documents']} test documents, {results['trials']} trials per "
+        f"method and epsilon (mean ± sd). Wall time {results['seconds']:.0f} s.",
+        "",
+        f"Reproduce: `{command}`",
+        "",
+        "## epsilon sweep",
+        "",
+        "| method | " + " | ".join(f"ε={e}" for e in eps) + " |",
+        "|---|" + "---|" * len(eps),
+    ]
+    for method, label in LABELS.items():
+        row = results["eps_sweep"][method]
+        lines.append(f"| {label} | " + " | ".join(_cell(row.get(e)) for e in eps) + " |")
+    chosen = [results["eps_sweep"]["deepcandidate"][e] for e in eps]
+    ps = [f"{c.get('variant', '')} p={c.get('p', '')}" for c in chosen]
+    lines += ["| variant and p chosen on validation | " + " | ".join(ps) + " |", ""]
+    lines += [
+        "![epsilon sweep](eps_sweep.png)",
+        "",
+        f"## k sweep at ε = {results['k_epsilon']:g}",
+        "",
+        "| method | " + " | ".join(f"k {b}" for b in results["k_sweep"]["bins"]) + " |",
+        "|---|" + "---|" * len(results["k_sweep"]["bins"]),
+    ]
+    for method, rows in results["k_sweep"]["methods"].items():
+        lines.append(f"| {LABELS[method]} | " + " | ".join(_cell(r) for r in rows) + " |")
+    counts = results["k_sweep"]["methods"].get("deepcandidate", [])
+    lines.append(
+        "| documents per bin | "
+        + " | ".join(str(r["documents"]) if r else "<5" for r in counts)
+        + " |"
+    )
+    lines += ["", "![k sweep](k_sweep.png)", ""]
+    if results.get("notes"):
+        lines += ["## Notes", ""] + [f"- {note}" for note in results["notes"]] + [""]
+    return "\n".join(lines)
+
+
+def _axes() -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.0, 4.0), dpi=120)
+    return figure, axes
+
+
+def _eps_plot(results: dict[str, Any], path: Path) -> Path:
+    figure, axes = _axes()
+    eps = results["epsilons"]
+    for method, label in LABELS.items():
+        row = results["eps_sweep"][method]
+        means = [row[f"{e:g}"]["mean"] for e in eps]
+        sds = [row[f"{e:g}"]["sd"] for e in eps]
+        color, marker, line = STYLES[method]
+        axes.plot(eps, means, marker=marker, linestyle=line, color=color, label=label)
+        axes.fill_between(
+            eps,
+            [m - s for m, s in zip(means, sds, strict=True)],
+            [m + s for m, s in zip(means, sds, strict=True)],
+            color=color,
+            alpha=0.15,
+        )
+    axes.set_xscale("log")
+    axes.set_xticks(eps, [f"{e:g}" for e in eps])
+    axes.set_xlabel("ε")
+    axes.set_ylabel("macro-F1 (test)")
+    axes.set_ylim(0, 1.02)
+    axes.set_title(f"{results['corpus']}: sweep ε")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+def _k_plot(results: dict[str, Any], path: Path) -> Path:
+    figure, axes = _axes()
+    bins = results["k_sweep"]["bins"]
+    for method, rows in results["k_sweep"]["methods"].items():
+        points = [(n, r) for n, r in enumerate(rows) if r is not None]
+        if not points:
+            continue
+        color, marker, line = STYLES[method]
+        axes.errorbar(
+            [n for n, _ in points],
+            [r["mean"] for _, r in points],
+            yerr=[r["sd"] for _, r in points],
+            marker=marker,
+            linestyle=line,
+            color=color,
+            label=LABELS[method],
+            capsize=3,
+        )
+    axes.set_xticks(range(len(bins)), bins)
+    axes.set_xlabel("sentences per document (k)")
+    axes.set_ylabel("macro-F1 (test)")
+    axes.set_ylim(0, 1.02)
+    axes.set_title(f"{results['corpus']}: sweep k at ε = {results['k_epsilon']:g}")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path)
+    return path

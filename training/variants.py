@@ -1,0 +1,210 @@
+"""Recipes: how one mechanism variant (H, F, V, candidate classes) is made from public data.
+
+* ``paper``: the paper's unsupervised recipe. k-means clusters of training documents, H
+  trained so that recoded document means predict their cluster, F = recoded means of training
+  documents with >= 8 sentences, p_max random directions, classes from C_dc.
+* ``label-<d>d``: a task-tuned variant. H maps sentences to d dimensions and is trained at the
+  sentence level with the public labels (:mod:`training.label_recoder`); F = recoded means of
+  the same candidate documents, classes from the label head, random directions in d
+  dimensions. Compact and label-specific.
+
+Directions, H and candidates come from public data only, so the privacy proof is untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from rich.console import Console
+
+from sentdp.bundle import Variant, VariantRecord
+from training.candidates import candidate_embeddings, choose_candidates, random_directions
+from training.classifiers import softmax, train_classifier
+from training.embeddings import CorpusEmbeddings
+from training.label_recoder import train_label_recoder
+from training.recoder import cluster_labels, recoded_means, train_recoder
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    name: str
+    recipe: str
+    dim: int | None = None
+    """Output dimension of H (None: the encoder's)."""
+
+
+def specs_for(recipe: str, label_dims: Sequence[int]) -> list[VariantSpec]:
+    """The variants a recipe trains; the p table later picks among them per epsilon."""
+    paper = VariantSpec("paper", "paper")
+    labelled = [VariantSpec(f"label-{d}d", "label", d) for d in label_dims]
+    if recipe == "paper":
+        return [paper]
+    if recipe == "label":
+        return labelled
+    if recipe == "mixed":
+        return [paper, *labelled]
+    raise ValueError(f"unknown recipe {recipe!r}: use paper, label or mixed")
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    embeddings: CorpusEmbeddings
+    y: npt.NDArray[np.int64]
+    train: list[int]
+    validation: list[int]
+    n_classes: int
+    seed: int
+    max_epochs: int
+    n_clusters: int
+    max_candidates: int
+    p_max: int
+
+
+def build_variant(
+    spec: VariantSpec, data: TrainingData, offset: int, console: Console
+) -> tuple[Variant, dict[str, Any]]:
+    """Train one variant; return it with its training scores."""
+    candidate_docs = choose_candidates(data.embeddings, data.train, data.max_candidates, data.seed)
+    if spec.recipe == "paper":
+        return _paper(spec, data, candidate_docs, offset, console)
+    return _label(spec, data, candidate_docs, offset, console)
+
+
+def _record(
+    spec: VariantSpec,
+    candidates: npt.NDArray[np.float64],
+    offset: int,
+    data: TrainingData,
+    labels_from: str,
+    recoder: dict[str, Any],
+) -> VariantRecord:
+    return VariantRecord(
+        name=spec.name,
+        recipe=spec.recipe,
+        dim=candidates.shape[1],
+        candidates=candidates.shape[0],
+        offset=offset,
+        p_max=min(data.p_max, _useful_directions(candidates.shape[1], data.p_max)),
+        directions_seed=data.seed,
+        labels_from=labels_from,
+        recoder=recoder,
+    )
+
+
+def _useful_directions(dim: int, p_max: int) -> int:
+    return 1 if dim == 1 else p_max  # on a line every direction is +v or -v: one is enough
+
+
+def _paper(
+    spec: VariantSpec,
+    data: TrainingData,
+    candidate_docs: list[int],
+    offset: int,
+    console: Console,
+) -> tuple[Variant, dict[str, Any]]:
+    emb, y = data.embeddings, data.y
+    train_clusters, validation_clusters = cluster_labels(
+        emb.means(data.train), emb.means(data.validation), data.n_clusters, data.seed
+    )
+    result = train_recoder(
+        emb,
+        data.train,
+        data.validation,
+        train_clusters,
+        validation_clusters,
+        output_dim=emb.vectors.shape[1],
+        seed=data.seed,
+        max_epochs=data.max_epochs,
+    )
+    console.print(
+        f"variant {spec.name}: H best epoch {result.best_epoch}/{result.epochs}, validation "
+        f"cluster "
+        f"accuracy {result.validation_accuracy:.3f}"
+    )
+    c_dc = train_classifier(
+        recoded_means(result.recoder, emb, data.train),
+        y[data.train],
+        recoded_means(result.recoder, emb, data.validation),
+        y[data.validation],
+        data.n_classes,
+        data.seed,
+        data.max_epochs,
+    )
+    candidates = candidate_embeddings(result.recoder, emb, candidate_docs)
+    record = _record(
+        spec,
+        candidates,
+        offset,
+        data,
+        "classifier",
+        {
+            "kind": "mlp",
+            "layers": 4,
+            "objective": "k-means clusters",
+            "clusters": int(train_clusters.max()) + 1,
+            "best_epoch": result.best_epoch,
+        },
+    )
+    variant = Variant(
+        record=record,
+        candidates=candidates,
+        directions=random_directions(record.p_max, candidates.shape[1], data.seed),
+        candidate_class_probs=softmax(c_dc.classifier(candidates)),
+        recoder=result.recoder,
+        classifier_dc=c_dc.classifier,
+    )
+    scores = {
+        "recoded_nonprivate_macro_f1": c_dc.validation_macro_f1,
+        "cluster_accuracy": result.validation_accuracy,
+    }
+    return variant, scores
+
+
+def _label(
+    spec: VariantSpec,
+    data: TrainingData,
+    candidate_docs: list[int],
+    offset: int,
+    console: Console,
+) -> tuple[Variant, dict[str, Any]]:
+    assert spec.dim is not None
+    result = train_label_recoder(
+        data.embeddings,
+        data.train,
+        data.validation,
+        data.y,
+        spec.dim,
+        data.n_classes,
+        data.seed,
+        max_epochs=min(data.max_epochs, 10),
+    )
+    console.print(
+        f"variant {spec.name}: H best epoch {result.best_epoch}, validation sentence loss "
+        f"{result.validation_loss:.3f}"
+    )
+    candidates = candidate_embeddings(result.recoder, data.embeddings, candidate_docs)
+    record = _record(
+        spec,
+        candidates,
+        offset,
+        data,
+        "head",
+        {
+            "kind": "mlp",
+            "layers": 4,
+            "objective": "sentence-level labels",
+            "best_epoch": result.best_epoch,
+        },
+    )
+    variant = Variant(
+        record=record,
+        candidates=candidates,
+        directions=random_directions(record.p_max, candidates.shape[1], data.seed),
+        candidate_class_probs=softmax(result.head(candidates)),
+        recoder=result.recoder,
+    )
+    return variant, {"sentence_validation_loss": result.validation_loss}
