@@ -55,6 +55,7 @@ from service.schemas import (
 from service.settings import ServiceSettings, load_settings
 from service.tenants import Tenant, TenantRegistry
 from service.worker import _BOOT, Worker
+from service.worker_client import harden
 
 MAX_KEY_LENGTH = 200
 
@@ -97,6 +98,7 @@ class Gateway:
             self.settings.idempotency_pending_seconds,
         )
         self.secret = self.ledger.hmac_secret()
+        harden(self.worker)
         self.slack = {
             v.record.name: privacy_slack(v.record.candidates) for v in self.bundle.variants
         }
@@ -337,17 +339,22 @@ class Gateway:
         """The worker's results, or all-unsampled results when it certainly did not run.
 
         Connection refused and 503 (cancelled before dispatch, not ready) mean the mechanism
-        did not run: refundable. Anything else (a timeout, a 500, a dropped connection)
-        may have come after sampling, so it propagates and the charges stay final.
+        did not run: refundable. Anything else (a timeout, a 500, a connection dropped after
+        the request was sent) may have come after sampling, so the charges stay final.
         """
-        import httpx
+        import aiohttp
 
         def unsampled(reason: str) -> tuple[list[WorkResult], str]:
             return [WorkResult(sampled=False, error=reason) for _ in items], reason
 
+        endpoint = (
+            self.worker.to_async.privatize
+            if self.settings.adaptive_batching
+            else self.worker.to_async.privatize_unbatched
+        )
         try:
-            results = await self.worker.to_async.privatize(items)
-        except httpx.ConnectError:
+            results = await endpoint(items)
+        except aiohttp.ClientConnectorError:
             return unsampled("worker unreachable")
         except bentoml.exceptions.BentoMLException as error:
             if error.error_code == HTTPStatus.SERVICE_UNAVAILABLE:
@@ -356,6 +363,12 @@ class Gateway:
                 500,
                 "mechanism_failed",
                 "the worker failed after the budget was charged; the charge stands",
+            ) from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise ApiError(
+                502,
+                "worker_response_lost",
+                "the worker's answer was lost after the budget was charged; the charge stands",
             ) from error
         parsed = [r if isinstance(r, WorkResult) else WorkResult.model_validate(r) for r in results]
         return parsed, None

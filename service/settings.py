@@ -34,6 +34,8 @@ class ServiceSettings(BaseSettings):
     device: str | None = None
     """torch device of the worker (CUDA when present, else the CPU)."""
     worker_threads: int = Field(default=2, ge=1)
+    adaptive_batching: bool = True
+    """False: the gateway calls the worker's non-batchable twin endpoint (for measurements)."""
     worker_batch_size: int = Field(default=32, ge=1)
     worker_max_latency_ms: int = Field(default=60_000, ge=100)
     encode_batch_size: int = Field(default=64, ge=1)

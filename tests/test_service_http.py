@@ -12,11 +12,11 @@ import pytest
 
 from sentdp.bundle import Bundle
 from service.ledger import open_ledger
-from tests.server import TENANTS, Server, client, read_journal
+from service.testing import TENANTS, Server, client, read_journal
 
 pytestmark = pytest.mark.server
 
-ACME, OTHER, TINY = TENANTS
+ACME, OTHER, TINY, ZERO = TENANTS
 TEXT = (
     "Shares in the carmaker rose sharply on Monday. Analysts said the results beat "
     "expectations. The firm will raise its dividend. Its chief executive was upbeat."

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from sentdp.encoders import MLP
+from sentdp.encoders import MLP, recode
 from sentdp.errors import InputError
 from training.embeddings import CorpusEmbeddings
 from training.recoder import recoded_means
@@ -41,9 +41,19 @@ def choose_candidates(
 
 
 def candidate_embeddings(
-    recoder: MLP | None, embeddings: CorpusEmbeddings, docs: Sequence[int]
+    recoder: MLP | None,
+    embeddings: CorpusEmbeddings,
+    docs: Sequence[int],
+    statistic: str = "mean",
 ) -> npt.NDArray[np.float64]:
-    return recoded_means(recoder, embeddings, docs)
+    """One candidate per public document: the mean (the paper) or the coordinate-wise median of
+    its recoded sentences (closer to what a depth-based mechanism finds)."""
+    if statistic == "mean":
+        return recoded_means(recoder, embeddings, docs)
+    if statistic == "median":
+        rows = [recode(recoder, embeddings.document(i)) for i in docs]
+        return np.stack([np.median(r, axis=0) for r in rows])
+    raise ValueError(f"unknown candidate statistic {statistic!r}")
 
 
 def random_directions(p_max: int, dim: int, seed: int) -> npt.NDArray[np.float64]:

@@ -12,6 +12,7 @@ from sentdp.errors import SentDPError
 from training.datasets import REGISTRY
 from training.pipeline import TrainConfig, TrainReport, run_training
 from training.settings import load_settings
+from training.variants import RECIPES
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,12 +30,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--recipe",
         default="paper",
-        choices=["paper", "label", "mixed"],
-        help="paper: the unsupervised recipe (default, general purpose); label: compact "
-        "label-tuned variants; mixed: both. The p table picks a variant per epsilon.",
+        choices=list(RECIPES),
+        help="paper: the unsupervised recipe (default, general purpose); label and vote: "
+        "compact label-tuned variants; mixed: all of them. The p table picks a variant per "
+        "epsilon on validation.",
     )
     parser.add_argument(
-        "--label-dims", type=int, nargs="+", default=[2, 4, 8], help="dimensions of label variants"
+        "--label-dims",
+        type=int,
+        nargs="+",
+        help="dimensions of the label-tuned variants (default 1 2 4 for two classes, else 2 4 8)",
     )
     parser.add_argument("--clusters", type=int, default=50, help="k-means clusters n_c")
     parser.add_argument("--candidates", type=int, default=5000, help="at most m candidates")
@@ -56,7 +61,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         name=args.out,
         seed=args.seed,
         recipe=args.recipe,
-        label_dims=tuple(args.label_dims),
+        label_dims=tuple(args.label_dims) if args.label_dims else None,
         n_clusters=args.clusters,
         max_candidates=args.candidates,
         per_class=args.per_class,

@@ -33,7 +33,11 @@ from training.pipeline import TrainConfig, load_corpus
 from training.settings import TrainingSettings
 
 K_BINS = ((2, 5), (6, 10), (11, 15), (16, 20), (21, 30), (31, 45), (46, 10_000))
-METHODS = ("deepcandidate", "truncation", "word_mdp", "nonprivate", "random_guess")
+BASELINES = ("truncation", "word_mdp", "nonprivate", "random_guess")
+
+
+def deepcandidate_key(bundle: Bundle) -> str:
+    return f"deepcandidate:{bundle.manifest.name}"
 
 
 @dataclass(frozen=True)
@@ -75,13 +79,28 @@ def evaluation_corpus(bundle: Bundle, settings: TrainingSettings) -> tuple[Corpu
 
 
 def run_evaluation(
-    bundle: Bundle,
+    bundles: Sequence[Bundle],
     settings: TrainingSettings,
     config: EvalConfig,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
+    """Score every bundle's DeepCandidate and the baselines on the same test documents.
+
+    The bundles must come from the same corpus and split seed (e.g. the paper's recipe and a
+    task-tuned bundle); the baselines use the first bundle's encoder and C_nonpriv.
+    """
     started = time.perf_counter()
     seed_everything(config.seed, settings.threads)
+    bundle = bundles[0]
+    for other in bundles[1:]:
+        same = (other.manifest.corpus.sha256, other.manifest.corpus.split_seed) == (
+            bundle.manifest.corpus.sha256,
+            bundle.manifest.corpus.split_seed,
+        )
+        if not same or other.manifest.extra.get("per_class") != bundle.manifest.extra.get(
+            "per_class"
+        ):
+            raise ValueError("bundles evaluated together must share corpus and splits")
     corpus, splits = evaluation_corpus(bundle, settings)
     encoder = SentenceEncoder(bundle.encoder_dir, settings.device, settings.encode_batch_size)
     splitter = dict(bundle.manifest.splitter)
@@ -93,14 +112,16 @@ def run_evaluation(
         test = test[: config.max_test_documents]
     n_classes = len(corpus.labels)
     k_of = {i: len(corpus.documents[i].sentences) for i in test}
+    methods = [deepcandidate_key(b) for b in bundles] + list(BASELINES)
     results: dict[str, Any] = {
-        "model": bundle.manifest.name,
+        "models": {b.manifest.name: b.manifest.recipe for b in bundles},
         "corpus": corpus.name,
         "test_documents": len(test),
         "epsilons": list(config.epsilons),
         "trials": config.trials,
         "k_epsilon": config.k_epsilon,
-        "eps_sweep": {m: {} for m in METHODS},
+        "methods": methods,
+        "eps_sweep": {m: {} for m in methods},
         "notes": [],
     }
     predictions: dict[str, Predictions] = {}
@@ -118,7 +139,8 @@ def run_evaluation(
     predictions["nonprivate"] = Predictions(test, [nonprivate_pred])
     log(f"non-private macro-F1 {score:.3f}; random guess {guess:.3f}")
 
-    _deepcandidate(bundle, embeddings, test, y, n_classes, config, results, predictions, log)
+    for each in bundles:
+        _deepcandidate(each, embeddings, test, y, n_classes, config, results, predictions, log)
     _truncation(bundle, embeddings, splits, test, y, n_classes, config, results, predictions, log)
     _word_mdp(
         bundle, encoder, corpus, test, y, n_classes, settings, config, results, predictions, log
@@ -143,28 +165,29 @@ def _deepcandidate(
     for epsilon in config.epsilons:
         choice = bundle.manifest.choice_for(epsilon)
         variant = bundle.variant(choice.variant)
-        key = (choice.variant, choice.p)
-        if key not in utilities:
+        cached = (choice.variant, choice.p)
+        if cached not in utilities:
             documents = [recode(variant.recoder, embeddings.document(i)) for i in test]
-            utilities[key] = variant.mechanism().utilities_batch(
+            utilities[cached] = variant.mechanism().utilities_batch(
                 documents, [choice.p] * len(documents)
             )
         labels = variant.candidate_labels()
         scores, trials = [], []
         for trial in range(config.trials):
             rng = np.random.default_rng([config.seed, trial, int(epsilon * 1000)])
-            chosen = np.array([sample_from_utilities(u, epsilon, rng) for u in utilities[key]])
+            chosen = np.array([sample_from_utilities(u, epsilon, rng) for u in utilities[cached]])
             predicted = labels[chosen]
             trials.append(predicted)
             scores.append(macro_f1(y[test], predicted, n_classes))
-        results["eps_sweep"]["deepcandidate"][f"{epsilon:g}"] = summary(scores) | {
+        key = deepcandidate_key(bundle)
+        results["eps_sweep"][key][f"{epsilon:g}"] = summary(scores) | {
             "p": choice.p,
             "variant": choice.variant,
         }
         if epsilon == config.k_epsilon:
-            predictions["deepcandidate"] = Predictions(test, trials)
+            predictions[key] = Predictions(test, trials)
         log(
-            f"DeepCandidate eps={epsilon:g} {choice.variant} p={choice.p}: "
+            f"DeepCandidate {bundle.manifest.name} eps={epsilon:g} {choice.variant} p={choice.p}: "
             f"{statistics.fmean(scores):.3f}"
         )
 

@@ -22,8 +22,14 @@ def main(argv: list[str] | None = None) -> None:
         prog="sentdp-eval",
         description="Macro-F1 of DeepCandidate and the baselines on a bundle's test split.",
     )
-    parser.add_argument("--model", required=True, help="BentoML model tag of the bundle")
-    parser.add_argument("--out", type=Path, help="report folder (default reports/<model name>)")
+    parser.add_argument(
+        "--model",
+        required=True,
+        nargs="+",
+        help="BentoML model tag(s) of bundles trained on the same corpus (e.g. the paper's "
+        "recipe and a task-tuned one); all are scored on the same test documents",
+    )
+    parser.add_argument("--out", type=Path, help="report folder (default reports/<corpus>)")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(DEFAULT_EPSILONS))
     parser.add_argument("--k-epsilon", type=float, default=10.0)
@@ -42,12 +48,12 @@ def main(argv: list[str] | None = None) -> None:
         console.print("[red]sentdp-eval: --k-epsilon must be one of --epsilons[/red]")
         sys.exit(2)
     try:
-        bundle = load_from_store(args.model)
-        results = run_evaluation(bundle, load_settings(), config, log=console.print)
-    except (SentDPError, FileNotFoundError) as error:
+        bundles = [load_from_store(tag) for tag in args.model]
+        results = run_evaluation(bundles, load_settings(), config, log=console.print)
+    except (SentDPError, FileNotFoundError, ValueError) as error:
         console.print(f"[red]sentdp-eval: {error}[/red]")
         sys.exit(2)
-    out = args.out or Path("reports") / bundle.manifest.name
+    out = args.out or Path("reports") / results["corpus"]
     command = "sentdp-eval " + shlex.join(argv if argv is not None else sys.argv[1:])
     for path in write_report(results, out, command):
         console.print(f"wrote {path}")

@@ -53,6 +53,7 @@ class Option:
     mechanism: DeepCandidate
     documents: Sequence[npt.NDArray[np.float64]]
     candidate_labels: npt.NDArray[np.int64]
+    ps: Sequence[int] = DEFAULT_PS
 
 
 def choose_p(
@@ -60,7 +61,6 @@ def choose_p(
     truth: Sequence[int],
     n_classes: int,
     epsilons: Sequence[float] = DEFAULT_EPSILONS,
-    ps: Sequence[int] = DEFAULT_PS,
 ) -> tuple[list[PChoice], dict[str, dict[str, list[float]]]]:
     """For every epsilon, the (variant, p) with the best expected validation macro-F1.
 
@@ -70,7 +70,7 @@ def choose_p(
     scores: dict[str, dict[str, list[float]]] = {}
     candidates: list[tuple[int, str, int]] = []
     for rank, option in enumerate(options):
-        usable = sorted({min(p, option.mechanism.p_max) for p in ps})
+        usable = sorted({min(p, option.mechanism.p_max) for p in option.ps})
         scores[option.variant] = {}
         for p in usable:
             utilities = option.mechanism.utilities_batch(

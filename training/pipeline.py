@@ -32,7 +32,7 @@ from training.nets import seed_everything
 from training.p_selection import DEFAULT_EPSILONS, DEFAULT_PS, Option, choose_p
 from training.settings import TrainingSettings
 from training.store import save_to_store
-from training.variants import TrainingData, build_variant, specs_for
+from training.variants import TrainingData, build_variant, default_label_dims, specs_for
 
 VERSIONED_PACKAGES = (
     "sentdp",
@@ -60,7 +60,8 @@ class TrainConfig:
     epsilons: tuple[float, ...] = DEFAULT_EPSILONS
     max_epochs: int = 20
     recipe: str = "paper"
-    label_dims: tuple[int, ...] = (2, 4, 8)
+    label_dims: tuple[int, ...] | None = None
+    """Sizes of the label-tuned variants (default: 1, 2, 4 for two classes, else 2, 4, 8)."""
     corpus_is_public: bool = False
     text_column: str = "text"
     label_column: str = "label"
@@ -208,7 +209,9 @@ def build_bundle(
     variants: list[Variant] = []
     variant_scores: dict[str, Any] = {}
     offset = 0
-    for spec in specs_for(config.recipe, config.label_dims):
+    dims = config.label_dims or default_label_dims(data.n_classes)
+    specs = specs_for(config.recipe, dims)
+    for spec in specs:
         variant, trained = build_variant(spec, data, offset, console)
         variants.append(variant)
         variant_scores[spec.name] = trained
@@ -219,12 +222,11 @@ def build_bundle(
             mechanism=v.mechanism(),
             documents=[recode(v.recoder, embeddings.document(i)) for i in data.validation],
             candidate_labels=v.candidate_labels(),
+            ps=spec.ps(config.ps),
         )
-        for v in variants
+        for v, spec in zip(variants, specs, strict=True)
     ]
-    p_table, grid = choose_p(
-        options, list(y[data.validation]), data.n_classes, config.epsilons, config.ps
-    )
+    p_table, grid = choose_p(options, list(y[data.validation]), data.n_classes, config.epsilons)
     scores: dict[str, Any] = {
         "validation_macro_f1": {
             "nonprivate": c_nonpriv.validation_macro_f1,

@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import Any
 
 LABELS = {
-    "deepcandidate": "DeepCandidate (SentDP)",
     "truncation": "Truncation (SentDP)",
     "word_mdp": "Word-level metric DP",
     "nonprivate": "Non-private",
     "random_guess": "Random guess",
 }
+DEEPCANDIDATE_COLORS = ("tab:blue", "tab:purple", "tab:red", "tab:cyan")
 STYLES = {
-    "deepcandidate": ("tab:blue", "o", "-"),
     "truncation": ("tab:orange", "s", "-"),
     "word_mdp": ("tab:green", "^", "-"),
     "nonprivate": ("black", "", "--"),
@@ -31,6 +30,20 @@ def write_report(results: dict[str, Any], out: Path, command: str) -> list[Path]
     return [out / "results.json", out / "report.md", *plots]
 
 
+def label_of(method: str, results: dict[str, Any]) -> str:
+    if method.startswith("deepcandidate:"):
+        name = method.split(":", 1)[1]
+        return f"DeepCandidate, {results['models'][name]} recipe ({name})"
+    return LABELS[method]
+
+
+def style_of(method: str, results: dict[str, Any]) -> tuple[str, str, str]:
+    if method.startswith("deepcandidate:"):
+        rank = [m for m in results["methods"] if m.startswith("deepcandidate:")].index(method)
+        return DEEPCANDIDATE_COLORS[rank % len(DEEPCANDIDATE_COLORS)], "o", "-"
+    return STYLES[method]
+
+
 def _cell(entry: dict[str, Any] | None) -> str:
     if entry is None:
         return "n/a"
@@ -40,7 +53,7 @@ def _cell(entry: dict[str, Any] | None) -> str:
 def _markdown(results: dict[str, Any], command: str) -> str:
     eps = [f"{e:g}" for e in results["epsilons"]]
     lines = [
-        f"# {results['model']} on {results['corpus']}: macro-F1 on the test split",
+        f"# {results['corpus']}: macro-F1 on the test split",
         "",
         f"{results['test_documents']} test documents, {results['trials']} trials per "
         f"method and epsilon (mean ± sd). Wall time {results['seconds']:.0f} s.",
@@ -52,12 +65,21 @@ def _markdown(results: dict[str, Any], command: str) -> str:
         "| method | " + " | ".join(f"ε={e}" for e in eps) + " |",
         "|---|" + "---|" * len(eps),
     ]
-    for method, label in LABELS.items():
+    for method in results["methods"]:
         row = results["eps_sweep"][method]
-        lines.append(f"| {label} | " + " | ".join(_cell(row.get(e)) for e in eps) + " |")
-    chosen = [results["eps_sweep"]["deepcandidate"][e] for e in eps]
-    ps = [f"{c.get('variant', '')} p={c.get('p', '')}" for c in chosen]
-    lines += ["| variant and p chosen on validation | " + " | ".join(ps) + " |", ""]
+        lines.append(
+            f"| {label_of(method, results)} | " + " | ".join(_cell(row.get(e)) for e in eps) + " |"
+        )
+    lines.append("")
+    for method in results["methods"]:
+        if method.startswith("deepcandidate:"):
+            chosen = [results["eps_sweep"][method][e] for e in eps]
+            ps = [f"{c['variant']} p={c['p']}" for c in chosen]
+            lines.append(
+                f"- {label_of(method, results)}: variant and p chosen on validation per ε: "
+                + ", ".join(f"ε={e}: {p}" for e, p in zip(eps, ps, strict=True))
+            )
+    lines.append("")
     lines += [
         "![epsilon sweep](eps_sweep.png)",
         "",
@@ -67,8 +89,9 @@ def _markdown(results: dict[str, Any], command: str) -> str:
         "|---|" + "---|" * len(results["k_sweep"]["bins"]),
     ]
     for method, rows in results["k_sweep"]["methods"].items():
-        lines.append(f"| {LABELS[method]} | " + " | ".join(_cell(r) for r in rows) + " |")
-    counts = results["k_sweep"]["methods"].get("deepcandidate", [])
+        label = label_of(method, results)
+        lines.append(f"| {label} | " + " | ".join(_cell(r) for r in rows) + " |")
+    counts = results["k_sweep"]["methods"][results["methods"][0]]
     lines.append(
         "| documents per bin | "
         + " | ".join(str(r["documents"]) if r else "<5" for r in counts)
@@ -93,11 +116,12 @@ def _axes() -> tuple[Any, Any]:
 def _eps_plot(results: dict[str, Any], path: Path) -> Path:
     figure, axes = _axes()
     eps = results["epsilons"]
-    for method, label in LABELS.items():
+    for method in results["methods"]:
         row = results["eps_sweep"][method]
         means = [row[f"{e:g}"]["mean"] for e in eps]
         sds = [row[f"{e:g}"]["sd"] for e in eps]
-        color, marker, line = STYLES[method]
+        color, marker, line = style_of(method, results)
+        label = label_of(method, results)
         axes.plot(eps, means, marker=marker, linestyle=line, color=color, label=label)
         axes.fill_between(
             eps,

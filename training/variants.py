@@ -7,6 +7,9 @@
   sentence level with the public labels (:mod:`training.label_recoder`); F = recoded means of
   the same candidate documents, classes from the label head, random directions in d
   dimensions. Compact and label-specific.
+* ``vote-<d>d``: as ``label``, but H is trained so that the majority of a document's sentences
+  vote for its class (soft majority vote), and F holds the coordinate-wise medians of the
+  candidate documents' recoded sentences.
 
 Directions, H and candidates come from public data only, so the privacy proof is untouched.
 """
@@ -25,8 +28,14 @@ from sentdp.bundle import Variant, VariantRecord
 from training.candidates import candidate_embeddings, choose_candidates, random_directions
 from training.classifiers import softmax, train_classifier
 from training.embeddings import CorpusEmbeddings
-from training.label_recoder import train_label_recoder
+from training.label_recoder import Objective, train_label_recoder
 from training.recoder import cluster_labels, recoded_means, train_recoder
+
+RECIPES = ("paper", "label", "vote", "mixed")
+
+
+LOW_DIMENSION_PS = (1, 2, 3, 5, 10, 20, 40)
+"""p grid of the label-tuned variants: in a few dimensions a few directions can be best."""
 
 
 @dataclass(frozen=True)
@@ -36,18 +45,30 @@ class VariantSpec:
     dim: int | None = None
     """Output dimension of H (None: the encoder's)."""
 
+    def ps(self, paper_ps: Sequence[int]) -> tuple[int, ...]:
+        """The values of p tried on validation for this variant."""
+        return tuple(paper_ps) if self.recipe == "paper" else LOW_DIMENSION_PS
+
+
+def default_label_dims(n_classes: int) -> tuple[int, ...]:
+    """Output sizes of the label-tuned variants: a line suits two classes, a few dims more."""
+    return (1, 2, 4) if n_classes == 2 else (2, 4, 8)
+
 
 def specs_for(recipe: str, label_dims: Sequence[int]) -> list[VariantSpec]:
     """The variants a recipe trains; the p table later picks among them per epsilon."""
-    paper = VariantSpec("paper", "paper")
+    paper = [VariantSpec("paper", "paper")]
     labelled = [VariantSpec(f"label-{d}d", "label", d) for d in label_dims]
-    if recipe == "paper":
-        return [paper]
-    if recipe == "label":
-        return labelled
-    if recipe == "mixed":
-        return [paper, *labelled]
-    raise ValueError(f"unknown recipe {recipe!r}: use paper, label or mixed")
+    voting = [VariantSpec(f"vote-{d}d", "vote", d) for d in label_dims]
+    by_recipe = {
+        "paper": paper,
+        "label": labelled,
+        "vote": voting,
+        "mixed": paper + labelled + voting,
+    }
+    if recipe not in by_recipe:
+        raise ValueError(f"unknown recipe {recipe!r}: use one of {', '.join(RECIPES)}")
+    return by_recipe[recipe]
 
 
 @dataclass(frozen=True)
@@ -172,6 +193,7 @@ def _label(
     console: Console,
 ) -> tuple[Variant, dict[str, Any]]:
     assert spec.dim is not None
+    voting = spec.recipe == "vote"
     result = train_label_recoder(
         data.embeddings,
         data.train,
@@ -180,13 +202,16 @@ def _label(
         spec.dim,
         data.n_classes,
         data.seed,
+        objective=Objective("vote" if voting else "sentence"),
         max_epochs=min(data.max_epochs, 10),
     )
     console.print(
-        f"variant {spec.name}: H best epoch {result.best_epoch}, validation sentence loss "
+        f"variant {spec.name}: H best epoch {result.best_epoch}, validation loss "
         f"{result.validation_loss:.3f}"
     )
-    candidates = candidate_embeddings(result.recoder, data.embeddings, candidate_docs)
+    candidates = candidate_embeddings(
+        result.recoder, data.embeddings, candidate_docs, "median" if voting else "mean"
+    )
     record = _record(
         spec,
         candidates,
@@ -196,7 +221,8 @@ def _label(
         {
             "kind": "mlp",
             "layers": 4,
-            "objective": "sentence-level labels",
+            "objective": "soft majority vote" if voting else "sentence-level labels",
+            "candidates": f"{'median' if voting else 'mean'} of recoded sentences",
             "best_epoch": result.best_epoch,
         },
     )

@@ -1,4 +1,7 @@
-"""A real ``bentoml serve`` process on loopback, and the files it is configured with."""
+"""Run a real sentdp server (``bentoml serve``) on loopback: for tests, benchmarks and load tests.
+
+Not used by the service itself.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import psutil
 
 from service.tenants import Tenant, TenantsFile, hash_key
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent  # the checkout (bentoml serve runs from here)
 BENTOML = Path(sys.executable).parent / "bentoml"
 
 
@@ -41,6 +44,7 @@ TENANTS = (
     TenantSpec("acme", "sdp_test_acme_key_0123456789abcdef", 10.0, 1, 100.0),
     TenantSpec("other", "sdp_test_other_key_0123456789abcdef", 10.0, 2, 20.0),
     TenantSpec("tiny", "sdp_test_tiny_key_0123456789abcdef", 1.0, 1, 50.0),
+    TenantSpec("zero", "sdp_test_zero_key_0123456789abcdef", 10.0, 1, 0.0),
 )
 
 
@@ -81,7 +85,7 @@ class Server:
         env = {**os.environ, **self.env}
         log = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         started = time.perf_counter()
-        self.process = subprocess.Popen(
+        self.process = subprocess.Popen(  # noqa: S603 - our own bentoml, fixed arguments
             [str(BENTOML), "serve", self.target, "--port", str(self.port), "--host", "127.0.0.1"],
             cwd=self.cwd,
             env=env,
@@ -140,6 +144,14 @@ class Server:
         for process in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the whole server (arbiter, gateway and worker processes)."""
+        total = 0
+        for process in self._tree():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += process.memory_info().rss
+        return total
 
     def worker_pids(self) -> list[int]:
         """Processes of this server that run the batched worker service."""

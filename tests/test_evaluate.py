@@ -1,0 +1,47 @@
+"""sentdp-eval in quick mode on a small real slice: the report's structure and sanity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from training.evaluate import EvalConfig, run_evaluation
+from training.report import write_report
+from training.settings import load_settings
+from training.store import load_from_store
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_evaluation_writes_tables_plots_and_json(
+    quick_bundle_tag: str, tmp_path: Path
+) -> None:
+    bundle = load_from_store(quick_bundle_tag)
+    config = EvalConfig(
+        trials=2, epsilons=(1.0, 10.0), k_epsilon=10.0, mdp_documents=8, max_test_documents=20
+    )
+    results = run_evaluation([bundle], load_settings(), config, log=lambda _: None)
+    paths = write_report(results, tmp_path, "sentdp-eval --model x --quick")
+    assert {p.name for p in paths} == {"results.json", "report.md", "eps_sweep.png", "k_sweep.png"}
+    for png in ("eps_sweep.png", "k_sweep.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    stored = json.loads((tmp_path / "results.json").read_text())
+    assert stored["test_documents"] == 20
+    key = f"deepcandidate:{bundle.manifest.name}"
+    assert stored["methods"] == [key, "truncation", "word_mdp", "nonprivate", "random_guess"]
+    for method in stored["methods"]:
+        for epsilon in ("1", "10"):
+            entry = stored["eps_sweep"][method][epsilon]
+            assert 0.0 <= entry["mean"] <= 1.0
+            assert len(entry["trials"]) in (1, 2)
+    sweep = stored["eps_sweep"]
+    assert sweep["nonprivate"]["10"]["mean"] >= sweep["random_guess"]["10"]["mean"]
+    assert sweep[key]["10"]["variant"] == "paper"
+    assert len(stored["k_sweep"]["bins"]) == len(stored["k_sweep"]["methods"][key])
+    report = (tmp_path / "report.md").read_text()
+    assert "## epsilon sweep" in report
+    assert "| DeepCandidate, paper recipe (sentdp-test) |" in report
+    assert "![k sweep](k_sweep.png)" in report
+    assert "sentdp-eval --model x --quick" in report

@@ -1,0 +1,116 @@
+"""Hostile input against the live service: no 5xx, and no ledger change on any refusal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.ledger import open_ledger
+from service.testing import TENANTS, Server, client
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+ZERO = TENANTS[3]  # budget 0: every charged request must be refused, so nothing may be charged
+
+
+def assert_tenant_untouched(server: Server, tenant: str) -> None:
+    ledger = open_ledger(server.env["SENTDP_LEDGER_URL"])
+    assert ledger.charges(tenant) == []
+    assert all(a.spent_micro == 0 for a in ledger.accounts() if a.tenant == tenant)
+
+
+def test_schemathesis_finds_no_server_error(server: Server, tmp_path: Path) -> None:
+    schemathesis = Path(sys.executable).parent / "schemathesis"
+    result = subprocess.run(
+        [
+            str(schemathesis),
+            "run",
+            f"{server.url}/docs.json",
+            "--checks",
+            "not_a_server_error",
+            "--max-examples",
+            "25",
+            "--seed",
+            "1",
+            "--mode",
+            "all",
+            "--request-timeout",
+            "120",
+            "--header",
+            f"Authorization: Bearer {ZERO.key}",
+            "--report",
+            "junit",
+            "--report-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "not_a_server_error" in result.stdout
+    assert_tenant_untouched(server, "zero")
+
+
+UNICODE = [
+    "emoji \U0001f600\U0001f389 in a sentence. Another one \U0001f44d\U0001f3fd.",
+    "RTL \u200f\u05e9\u05dc\u05d5\u05dd\u200f and Arabic \u0645\u0631\u062d\u0628\u0627. Two.",
+    "zero\u200bwidth\u200djoiners and \ufeffBOM. Next.",
+    "combining e\u0301\u0301\u0301 marks. Done.",
+    "\u0000 null and \u0007 bell control characters. Ok.",
+    "\uff46\uff55\uff4c\uff4c\uff57\uff49\uff44\uff54\uff48\u3000\uff54\uff45\uff58\uff54\u3002",
+    "a" * 5000 + ". Short.",
+]
+
+
+@pytest.mark.parametrize("text", UNICODE)
+def test_unicode_edge_cases_are_answered_without_5xx(server: Server, text: str) -> None:
+    with client(server, ZERO.key) as http:
+        response = http.post(
+            "/privatize", json={"user": "u", "epsilon": 1.0, "documents": [{"text": text}]}
+        )
+    assert response.status_code in {400, 402, 413}, response.text
+    assert_tenant_untouched(server, "zero")
+
+
+def test_lone_surrogates_and_broken_escapes_are_400(server: Server) -> None:
+    bodies = [
+        b'{"user": "u", "epsilon": 1, "documents": [{"text": "\\ud800 lone"}]}',
+        b'{"user": "u", "epsilon": 1, "documents": [{"text": "bad \\x escape"}]}',
+        b'{"user": "\\ud800", "epsilon": 1, "documents": [{"text": "A. B."}]}',
+    ]
+    with client(server, ZERO.key) as http:
+        for body in bodies:
+            response = http.post(
+                "/privatize", content=body, headers={"Content-Type": "application/json"}
+            )
+            assert response.status_code in {400, 402}, response.text
+
+
+def test_ten_thousand_one_word_sentences_are_refused_as_too_large(server: Server) -> None:
+    payload = {"user": "u", "epsilon": 1.0, "documents": [{"sentences": ["word"] * 10_000}]}
+    with client(server, ZERO.key) as http:
+        response = http.post("/privatize", content=json.dumps(payload))
+        as_text = http.post(
+            "/privatize",
+            json={"user": "u", "epsilon": 1.0, "documents": [{"text": "Word. " * 10_000}]},
+        )
+    assert response.status_code == 413
+    assert as_text.status_code == 413
+    assert_tenant_untouched(server, "zero")
+
+
+@pytest.mark.parametrize("epsilon", ["NaN", "Infinity", "-Infinity", "0", "-0.0", "-5", "1e-300"])
+def test_special_epsilons_are_400(server: Server, epsilon: str) -> None:
+    body = f'{{"user": "u", "epsilon": {epsilon}, "documents": [{{"text": "A. B."}}]}}'
+    with client(server, ZERO.key) as http:
+        response = http.post(
+            "/privatize", content=body, headers={"Content-Type": "application/json"}
+        )
+    assert response.status_code == 400, response.text
+    assert_tenant_untouched(server, "zero")
