@@ -2,6 +2,8 @@
 
 * 401 when the ``Authorization: Bearer <key>`` header is missing or names no tenant; the
   tenant id is then put in ``scope["state"]["sentdp_tenant"]`` for the API.
+* 415 for a body that is not JSON (BentoML would try to parse it as a multipart form and
+  answer a malformed one with a 500).
 * 413 when the body is larger than the limit (by Content-Length or as it streams in).
 * 400 when the JSON nests deeper than the limit (a deep body would otherwise exhaust the
   parser's recursion and come back as a 500).
@@ -96,6 +98,12 @@ def uniform_errors(send: Send) -> Send:
     return wrapped
 
 
+def is_json(content_type: bytes) -> bool:
+    """``application/json``, with or without parameters such as a charset."""
+    media = content_type.decode("latin-1").split(";", 1)[0].strip().lower()
+    return media in {"application/json", ""}
+
+
 def bearer_token(scope: Scope) -> str | None:
     for name, value in scope.get("headers", []):
         if name == b"authorization":
@@ -133,18 +141,10 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         tenant = self.registry.authenticate(bearer_token(scope))
-        if tenant is None:
-            await send_error(
-                send,
-                401,
-                "unauthorized",
-                "missing or invalid API key: send 'Authorization: Bearer <key>'",
-            )
+        refusal = self._refusal(tenant is not None, scope.get("headers", []))
+        if refusal is not None or tenant is None:
+            await send_error(send, *(refusal or (401, "unauthorized", "invalid API key")))
             return
-        for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
-                await send_error(send, 413, "body_too_large", self._too_large())
-                return
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -176,6 +176,27 @@ class GuardMiddleware:
             return await receive()
 
         await self.app(scope, replay, uniform_errors(send))
+
+    def _refusal(
+        self, authenticated: bool, headers: list[tuple[bytes, bytes]]
+    ) -> tuple[int, str, str] | None:
+        """Why to refuse a request from its headers alone, if at all."""
+        if not authenticated:
+            return (
+                401,
+                "unauthorized",
+                "missing or invalid API key: send 'Authorization: Bearer <key>'",
+            )
+        for name, value in headers:
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+                return 413, "body_too_large", self._too_large()
+            if name == b"content-type" and not is_json(value):
+                return (
+                    415,
+                    "unsupported_media_type",
+                    "send the request body as JSON (Content-Type: application/json)",
+                )
+        return None
 
     def _too_large(self) -> str:
         return f"the request body is larger than {self.max_body_bytes} bytes"

@@ -211,6 +211,18 @@ def test_malformed_bodies_get_400_not_500(server, body: bytes) -> None:
     assert error_of(response)["code"] == "invalid_body"
 
 
+@pytest.mark.parametrize(
+    "content_type", ["multipart/form-data", "text/plain", "application/x-www-form-urlencoded"]
+)
+def test_bodies_that_are_not_json_get_415(server, content_type: str) -> None:
+    with client(server, ACME.key) as http:
+        response = http.post(
+            "/privatize", content=b'{"user": "u"}', headers={"Content-Type": content_type}
+        )
+    assert response.status_code == 415
+    assert error_of(response)["code"] == "unsupported_media_type"
+
+
 def test_a_huge_body_gets_413(server) -> None:
     with client(server, ACME.key) as http:
         response = http.post(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -35,8 +36,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k-epsilon", type=float, default=10.0)
     parser.add_argument("--mdp-documents", type=int, default=100)
     parser.add_argument("--quick", action="store_true", help="2 trials, 20 test documents")
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="only redraw report.md and the plots from the --out folder's results.json",
+    )
     args = parser.parse_args(argv)
     console = Console(stderr=True)
+    if args.render_only:
+        if args.out is None or not (args.out / "results.json").is_file():
+            console.print("[red]sentdp-eval: --render-only needs --out with a results.json[/red]")
+            sys.exit(2)
+        rendered = json.loads((args.out / "results.json").read_text())
+        for path in write_report(rendered, args.out, rendered.get("command", "sentdp-eval")):
+            console.print(f"wrote {path}")
+        return
     config = EvalConfig(
         trials=2 if args.quick else args.trials,
         epsilons=tuple(sorted(args.epsilons)),
@@ -55,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     out = args.out or Path("reports") / results["corpus"]
     command = "sentdp-eval " + shlex.join(argv if argv is not None else sys.argv[1:])
+    results["command"] = command
     for path in write_report(results, out, command):
         console.print(f"wrote {path}")
     console.print(f"wall time {results['seconds']:.0f} s")

@@ -149,7 +149,7 @@ def _k_plot(results: dict[str, Any], path: Path) -> Path:
         points = [(n, r) for n, r in enumerate(rows) if r is not None]
         if not points:
             continue
-        color, marker, line = STYLES[method]
+        color, marker, line = style_of(method, results)
         axes.errorbar(
             [n for n, _ in points],
             [r["mean"] for _, r in points],
@@ -157,7 +157,7 @@ def _k_plot(results: dict[str, Any], path: Path) -> Path:
             marker=marker,
             linestyle=line,
             color=color,
-            label=LABELS[method],
+            label=label_of(method, results),
             capsize=3,
         )
     axes.set_xticks(range(len(bins)), bins)
