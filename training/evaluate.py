@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,207 +93,181 @@ def run_evaluation(
     started = time.perf_counter()
     seed_everything(config.seed, settings.threads)
     bundle = bundles[0]
+    key = (bundle.manifest.corpus.sha256, bundle.manifest.corpus.split_seed)
     for other in bundles[1:]:
-        same = (other.manifest.corpus.sha256, other.manifest.corpus.split_seed) == (
-            bundle.manifest.corpus.sha256,
-            bundle.manifest.corpus.split_seed,
-        )
-        if not same or other.manifest.extra.get("per_class") != bundle.manifest.extra.get(
-            "per_class"
+        if (other.manifest.corpus.sha256, other.manifest.corpus.split_seed) != key or (
+            other.manifest.extra.get("per_class") != bundle.manifest.extra.get("per_class")
         ):
             raise ValueError("bundles evaluated together must share corpus and splits")
     corpus, splits = evaluation_corpus(bundle, settings)
     encoder = SentenceEncoder(bundle.encoder_dir, settings.device, settings.encode_batch_size)
-    splitter = dict(bundle.manifest.splitter)
-    embeddings = embed_corpus(corpus, encoder, settings.cache_dir, splitter, show_progress=False)
-    label_index = {label: i for i, label in enumerate(corpus.labels)}
-    y = np.array([label_index[d.label] for d in corpus.documents], dtype=np.int64)
-    test = list(splits.test)
-    if config.max_test_documents is not None:
-        test = test[: config.max_test_documents]
-    n_classes = len(corpus.labels)
-    k_of = {i: len(corpus.documents[i].sentences) for i in test}
-    methods = [deepcandidate_key(b) for b in bundles] + list(BASELINES)
-    results: dict[str, Any] = {
-        "models": {b.manifest.name: b.manifest.recipe for b in bundles},
-        "corpus": corpus.name,
-        "test_documents": len(test),
-        "epsilons": list(config.epsilons),
-        "trials": config.trials,
-        "k_epsilon": config.k_epsilon,
-        "methods": methods,
-        "eps_sweep": {m: {} for m in methods},
-        "notes": [],
-    }
-    predictions: dict[str, Predictions] = {}
-
-    nonprivate = bundle.classifier_nonpriv
-    if nonprivate is None:
-        raise ValueError("the bundle has no C_nonpriv classifier")
-    plain_test = embeddings.means(test)
-    nonprivate_pred = np.argmax(nonprivate(plain_test), axis=1)
-    score = macro_f1(y[test], nonprivate_pred, n_classes)
-    guess = random_guess_macro_f1(y[splits.train], n_classes)
-    for epsilon in config.epsilons:
-        results["eps_sweep"]["nonprivate"][f"{epsilon:g}"] = summary([score])
-        results["eps_sweep"]["random_guess"][f"{epsilon:g}"] = summary([guess])
-    predictions["nonprivate"] = Predictions(test, [nonprivate_pred])
-    log(f"non-private macro-F1 {score:.3f}; random guess {guess:.3f}")
-
+    embeddings = embed_corpus(
+        corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter), show_progress=False
+    )
+    run = Experiment(bundle, corpus, splits, encoder, embeddings, settings, config, log)
+    run.results["models"] = {b.manifest.name: b.manifest.recipe for b in bundles}
+    run.results["methods"] = [deepcandidate_key(b) for b in bundles] + list(BASELINES)
+    run.nonprivate_and_guess()
     for each in bundles:
-        _deepcandidate(each, embeddings, test, y, n_classes, config, results, predictions, log)
-    _truncation(bundle, embeddings, splits, test, y, n_classes, config, results, predictions, log)
-    _word_mdp(
-        bundle, encoder, corpus, test, y, n_classes, settings, config, results, predictions, log
-    )
-    results["k_sweep"] = _k_sweep(predictions, y, k_of, n_classes, guess)
-    results["seconds"] = time.perf_counter() - started
-    return results
+        run.deepcandidate(each)
+    run.truncation()
+    run.word_mdp()
+    run.results["k_sweep"] = run.k_sweep()
+    run.results["seconds"] = time.perf_counter() - started
+    return run.results
 
 
-def _deepcandidate(
-    bundle: Bundle,
-    embeddings: CorpusEmbeddings,
-    test: list[int],
-    y: npt.NDArray[np.int64],
-    n_classes: int,
-    config: EvalConfig,
-    results: dict[str, Any],
-    predictions: dict[str, Predictions],
-    log: Callable[[str], None],
-) -> None:
-    utilities: dict[tuple[str, int], list[npt.NDArray[np.float64]]] = {}
-    for epsilon in config.epsilons:
-        choice = bundle.manifest.choice_for(epsilon)
-        variant = bundle.variant(choice.variant)
-        cached = (choice.variant, choice.p)
-        if cached not in utilities:
-            documents = [recode(variant.recoder, embeddings.document(i)) for i in test]
-            utilities[cached] = variant.mechanism().utilities_batch(
-                documents, [choice.p] * len(documents)
-            )
-        labels = variant.candidate_labels()
-        scores, trials = [], []
-        for trial in range(config.trials):
-            rng = np.random.default_rng([config.seed, trial, int(epsilon * 1000)])
-            chosen = np.array([sample_from_utilities(u, epsilon, rng) for u in utilities[cached]])
-            predicted = labels[chosen]
-            trials.append(predicted)
-            scores.append(macro_f1(y[test], predicted, n_classes))
-        key = deepcandidate_key(bundle)
-        results["eps_sweep"][key][f"{epsilon:g}"] = summary(scores) | {
-            "p": choice.p,
-            "variant": choice.variant,
+class Experiment:
+    """One evaluation: the test documents, every method's scores, and the predictions at
+    ``k_epsilon`` that the k sweep bins by document length."""
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        corpus: Corpus,
+        splits: Splits,
+        encoder: SentenceEncoder,
+        embeddings: CorpusEmbeddings,
+        settings: TrainingSettings,
+        config: EvalConfig,
+        log: Callable[[str], None],
+    ) -> None:
+        self.bundle, self.corpus, self.splits = bundle, corpus, splits
+        self.encoder, self.embeddings = encoder, embeddings
+        self.settings, self.config, self.log = settings, config, log
+        label_index = {label: i for i, label in enumerate(corpus.labels)}
+        self.y = np.array([label_index[d.label] for d in corpus.documents], dtype=np.int64)
+        self.test = list(splits.test)[: config.max_test_documents]
+        self.n_classes = len(corpus.labels)
+        self.predictions: dict[str, Predictions] = {}
+        self.guess = random_guess_macro_f1(self.y[splits.train], self.n_classes)
+        self.results: dict[str, Any] = {
+            "corpus": corpus.name,
+            "test_documents": len(self.test),
+            "epsilons": list(config.epsilons),
+            "trials": config.trials,
+            "k_epsilon": config.k_epsilon,
+            "eps_sweep": defaultdict(dict),
+            "notes": [],
         }
-        if epsilon == config.k_epsilon:
-            predictions[key] = Predictions(test, trials)
-        log(
-            f"DeepCandidate {bundle.manifest.name} eps={epsilon:g} {choice.variant} p={choice.p}: "
-            f"{statistics.fmean(scores):.3f}"
+
+    def score(
+        self,
+        method: str,
+        epsilon: float,
+        documents: list[int],
+        predicted: list[npt.NDArray[np.int64]],
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Record macro-F1 mean and sd over the trials' predictions, and keep the predictions
+        at ``k_epsilon`` for the k sweep."""
+        values = [macro_f1(self.y[documents], p, self.n_classes) for p in predicted]
+        self.results["eps_sweep"][method][f"{epsilon:g}"] = summary(values) | (extra or {})
+        if epsilon == self.config.k_epsilon:
+            self.predictions[method] = Predictions(documents, predicted)
+        described = " ".join(f"{k}={v}" for k, v in (extra or {}).items())
+        self.log(f"{method} eps={epsilon:g} {described}: {statistics.fmean(values):.3f}")
+
+    def rng(self, trial: int, epsilon: float, stream: int) -> np.random.Generator:
+        return np.random.default_rng([self.config.seed, trial, int(epsilon * 1000), stream])
+
+    def nonprivate_and_guess(self) -> None:
+        classifier = self.bundle.classifier_nonpriv
+        if classifier is None:
+            raise ValueError("the bundle has no C_nonpriv classifier")
+        predicted = np.argmax(classifier(self.embeddings.means(self.test)), axis=1)
+        for epsilon in self.config.epsilons:
+            self.score("nonprivate", epsilon, self.test, [predicted])
+            self.results["eps_sweep"]["random_guess"][f"{epsilon:g}"] = summary([self.guess])
+
+    def deepcandidate(self, bundle: Bundle) -> None:
+        utilities: dict[tuple[str, int], list[npt.NDArray[np.float64]]] = {}
+        for epsilon in self.config.epsilons:
+            choice = bundle.manifest.choice_for(epsilon)
+            variant = bundle.variant(choice.variant)
+            cached = (choice.variant, choice.p)
+            if cached not in utilities:
+                documents = [
+                    recode(variant.recoder, self.embeddings.document(i)) for i in self.test
+                ]
+                utilities[cached] = variant.mechanism().utilities_batch(
+                    documents, [choice.p] * len(documents)
+                )
+            labels = variant.candidate_labels()
+            predicted = []
+            for trial in range(self.config.trials):
+                rng = self.rng(trial, epsilon, 0)
+                chosen = [sample_from_utilities(u, epsilon, rng) for u in utilities[cached]]
+                predicted.append(labels[np.array(chosen)])
+            extra = {"variant": choice.variant, "p": choice.p}
+            self.score(deepcandidate_key(bundle), epsilon, self.test, predicted, extra)
+
+    def truncation(self) -> None:
+        emb, splits = self.embeddings, self.splits
+        box = TruncationBox.from_public(emb.means(splits.train))
+
+        def clipped(docs: Sequence[int]) -> npt.NDArray[np.float64]:
+            return np.stack([box.clipped_mean(emb.document(i)) for i in docs])
+
+        classifier = train_classifier(
+            clipped(splits.train),
+            self.y[splits.train],
+            clipped(splits.validation),
+            self.y[splits.validation],
+            self.n_classes,
+            self.config.seed,
+        ).classifier
+        for epsilon in self.config.epsilons:
+            predicted = []
+            for trial in range(self.config.trials):
+                rng = self.rng(trial, epsilon, 1)
+                noisy = [box.privatize(emb.document(i), epsilon, rng) for i in self.test]
+                predicted.append(np.argmax(classifier(np.stack(noisy)), axis=1))
+            self.score("truncation", epsilon, self.test, predicted)
+
+    def word_mdp(self) -> None:
+        vectors, words = load_glove(self.settings.cache_dir)
+        mdp = WordMetricDP(vectors, words, self.config.mdp_vocabulary)
+        count = min(self.config.mdp_documents, len(self.test))
+        picked = np.random.default_rng([self.config.seed, 7]).choice(self.test, count, False)
+        scored = sorted(int(i) for i in picked)
+        self.results["notes"].append(
+            f"word-level metric DP: {len(scored)} of {len(self.test)} test documents "
+            "(re-encoding every randomised document is the slow part), output vocabulary = "
+            f"the {self.config.mdp_vocabulary} most frequent GloVe words, words absent from "
+            "GloVe kept unchanged"
         )
+        classifier = self.bundle.classifier_nonpriv
+        assert classifier is not None
+        for epsilon in self.config.epsilons:
+            predicted = []
+            for trial in range(self.config.trials):
+                rng = self.rng(trial, epsilon, 2)
+                means = []
+                for i in scored:
+                    sentences = list(self.corpus.documents[i].sentences)
+                    randomized = mdp.randomize(sentences, epsilon, rng)
+                    means.append(self.encoder.encode(randomized).astype(np.float64).mean(axis=0))
+                predicted.append(np.argmax(classifier(np.stack(means)), axis=1))
+            self.score("word_mdp", epsilon, scored, predicted)
 
-
-def _truncation(
-    bundle: Bundle,
-    embeddings: CorpusEmbeddings,
-    splits: Splits,
-    test: list[int],
-    y: npt.NDArray[np.int64],
-    n_classes: int,
-    config: EvalConfig,
-    results: dict[str, Any],
-    predictions: dict[str, Predictions],
-    log: Callable[[str], None],
-) -> None:
-    box = TruncationBox.from_public(embeddings.means(splits.train))
-
-    def clipped(docs: Sequence[int]) -> npt.NDArray[np.float64]:
-        return np.stack([box.clipped_mean(embeddings.document(i)) for i in docs])
-
-    classifier = train_classifier(
-        clipped(splits.train),
-        y[splits.train],
-        clipped(splits.validation),
-        y[splits.validation],
-        n_classes,
-        config.seed,
-    ).classifier
-    for epsilon in config.epsilons:
-        scores, trials = [], []
-        for trial in range(config.trials):
-            rng = np.random.default_rng([config.seed, trial, int(epsilon * 1000), 1])
-            noisy = np.stack([box.privatize(embeddings.document(i), epsilon, rng) for i in test])
-            predicted = np.argmax(classifier(noisy), axis=1)
-            trials.append(predicted)
-            scores.append(macro_f1(y[test], predicted, n_classes))
-        results["eps_sweep"]["truncation"][f"{epsilon:g}"] = summary(scores)
-        if epsilon == config.k_epsilon:
-            predictions["truncation"] = Predictions(test, trials)
-        log(f"truncation eps={epsilon:g}: {statistics.fmean(scores):.3f}")
-
-
-def _word_mdp(
-    bundle: Bundle,
-    encoder: SentenceEncoder,
-    corpus: Corpus,
-    test: list[int],
-    y: npt.NDArray[np.int64],
-    n_classes: int,
-    settings: TrainingSettings,
-    config: EvalConfig,
-    results: dict[str, Any],
-    predictions: dict[str, Predictions],
-    log: Callable[[str], None],
-) -> None:
-    vectors, words = load_glove(settings.cache_dir)
-    mdp = WordMetricDP(vectors, words, config.mdp_vocabulary)
-    rng = np.random.default_rng([config.seed, 7])
-    scored = sorted(rng.choice(test, size=min(config.mdp_documents, len(test)), replace=False))
-    scored = [int(i) for i in scored]
-    results["notes"].append(
-        f"word-level metric DP: {len(scored)} of {len(test)} test documents (re-encoding every "
-        f"randomised document is the slow part), output vocabulary = the {config.mdp_vocabulary} "
-        "most frequent GloVe words, words absent from GloVe kept unchanged"
-    )
-    classifier = bundle.classifier_nonpriv
-    assert classifier is not None
-    for epsilon in config.epsilons:
-        scores, trials = [], []
-        for trial in range(config.trials):
-            noise = np.random.default_rng([config.seed, trial, int(epsilon * 1000), 2])
-            means = []
-            for i in scored:
-                randomized = mdp.randomize(list(corpus.documents[i].sentences), epsilon, noise)
-                means.append(encoder.encode(randomized).astype(np.float64).mean(axis=0))
-            predicted = np.argmax(classifier(np.stack(means)), axis=1)
-            trials.append(predicted)
-            scores.append(macro_f1(y[scored], predicted, n_classes))
-        results["eps_sweep"]["word_mdp"][f"{epsilon:g}"] = summary(scores)
-        if epsilon == config.k_epsilon:
-            predictions["word_mdp"] = Predictions(scored, trials)
-        log(f"word-level metric DP eps={epsilon:g}: {statistics.fmean(scores):.3f}")
-
-
-def _k_sweep(
-    predictions: dict[str, Predictions],
-    y: npt.NDArray[np.int64],
-    k_of: dict[int, int],
-    n_classes: int,
-    guess: float,
-) -> dict[str, Any]:
-    sweep: dict[str, Any] = {"bins": [], "methods": {}}
-    for low, high in K_BINS:
-        sweep["bins"].append(f"{low}-{high}" if high < 10_000 else f"{low}+")
-    for method, found in predictions.items():
-        rows: list[dict[str, Any] | None] = []
+    def k_sweep(self) -> dict[str, Any]:
+        k_of = {i: len(self.corpus.documents[i].sentences) for i in self.test}
+        sweep: dict[str, Any] = {"bins": [], "methods": {}}
         for low, high in K_BINS:
-            positions = [n for n, i in enumerate(found.documents) if low <= k_of[i] <= high]
-            if len(positions) < 5:
-                rows.append(None)
-                continue
-            docs = [found.documents[n] for n in positions]
-            values = [macro_f1(y[docs], t[positions], n_classes) for t in found.trials]
-            rows.append(summary(values) | {"documents": len(positions)})
-        sweep["methods"][method] = rows
-    sweep["methods"]["random_guess"] = [summary([guess]) for _ in K_BINS]
-    return sweep
+            sweep["bins"].append(f"{low}-{high}" if high < 10_000 else f"{low}+")
+        for method, found in self.predictions.items():
+            rows: list[dict[str, Any] | None] = []
+            for low, high in K_BINS:
+                positions = [n for n, i in enumerate(found.documents) if low <= k_of[i] <= high]
+                if len(positions) < 5:
+                    rows.append(None)
+                    continue
+                docs = [found.documents[n] for n in positions]
+                values = [
+                    macro_f1(self.y[docs], t[positions], self.n_classes) for t in found.trials
+                ]
+                rows.append(summary(values) | {"documents": len(positions)})
+            sweep["methods"][method] = rows
+        sweep["methods"]["random_guess"] = [summary([self.guess]) for _ in K_BINS]
+        return sweep
