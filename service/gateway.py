@@ -70,6 +70,14 @@ class ApiError(Exception):
         self.details = details
 
 
+def classify_forms_error() -> ApiError:
+    return ApiError(
+        400,
+        "invalid_body",
+        "classify takes either user, epsilon and documents, or model and candidates",
+    )
+
+
 def _registry() -> TenantRegistry:
     return TenantRegistry.load(load_settings().tenants_file)
 
@@ -127,11 +135,8 @@ class Gateway:
     ) -> ClassifyResponse:
         """Documents -> private embedding -> class label (one charge, as /privatize); or
         (model, candidate ids) already released -> labels at no charge."""
-        if documents is None:
-            return await self._guarded(ctx, self._lookup(model, candidates))
-        if candidates is not None or user is None or epsilon is None:
-            return await self._guarded(ctx, self._lookup(None, None))
-        return await self._guarded(ctx, self._privatize(ctx, user, epsilon, documents, True))
+        work = self._classify(ctx, user, epsilon, documents, model, candidates)
+        return await self._guarded(ctx, work)
 
     @bentoml.api(input_spec=BudgetRequest)
     async def budget(self, ctx: bentoml.Context, user: str) -> Budget:
@@ -160,6 +165,21 @@ class Gateway:
             raise ApiError(401, "unauthorized", "missing or invalid API key")
         return tenant
 
+    async def _classify(
+        self,
+        ctx: bentoml.Context,
+        user: str | None,
+        epsilon: float | None,
+        documents: list[DocumentIn] | None,
+        model: str | None,
+        candidates: list[int] | None,
+    ) -> Any:
+        if documents is None:
+            return await self._lookup(model, candidates)
+        if candidates is not None or user is None or epsilon is None:
+            raise classify_forms_error()
+        return await self._privatize(ctx, user, epsilon, documents, True)
+
     async def _budget(self, ctx: bentoml.Context, user: str) -> Budget:
         tenant = self._tenant(ctx)
         account = await self._ledger("account", self.ledger.account, tenant.id, user)
@@ -167,11 +187,7 @@ class Gateway:
 
     async def _lookup(self, model: str | None, candidates: list[int] | None) -> ClassifyResponse:
         if model is None or candidates is None:
-            raise ApiError(
-                400,
-                "invalid_body",
-                "classify takes either user, epsilon and documents, or model and candidates",
-            )
+            raise classify_forms_error()
         bundle = await asyncio.to_thread(self._bundle_for, model)
         labels = []
         for candidate in candidates:
@@ -347,10 +363,11 @@ class Gateway:
         def unsampled(reason: str) -> tuple[list[WorkResult], str]:
             return [WorkResult(sampled=False, error=reason) for _ in items], reason
 
+        batched = self.settings.adaptive_batching and (
+            sum(len(item.sentences) for item in items) <= self.settings.batch_max_sentences
+        )
         endpoint = (
-            self.worker.to_async.privatize
-            if self.settings.adaptive_batching
-            else self.worker.to_async.privatize_unbatched
+            self.worker.to_async.privatize if batched else self.worker.to_async.privatize_unbatched
         )
         try:
             results = await endpoint(items)

@@ -36,6 +36,9 @@ class ServiceSettings(BaseSettings):
     worker_threads: int = Field(default=2, ge=1)
     adaptive_batching: bool = True
     """False: the gateway calls the worker's non-batchable twin endpoint (for measurements)."""
+    batch_max_sentences: int = Field(default=100, ge=1)
+    """A request with more sentences than this bypasses adaptive batching (the twin endpoint),
+    so one batch of ``worker_batch_size`` documents holds at most that many times this."""
     worker_batch_size: int = Field(default=32, ge=1)
     worker_max_latency_ms: int = Field(default=60_000, ge=100)
     encode_batch_size: int = Field(default=64, ge=1)

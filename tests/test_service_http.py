@@ -350,3 +350,30 @@ def test_metrics_and_openapi_are_served(server) -> None:
     ):
         assert name in metrics, name
     assert {"/privatize", "/classify", "/budget"} <= set(spec["paths"])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"user": "u", "documents": [{"text": "A. B."}]},
+        {"user": "u", "epsilon": 1.0, "documents": [{"text": "A. B."}], "candidates": [0]},
+        {"model": "sentdp-test:latest"},
+        {},
+    ],
+)
+def test_classify_needs_one_complete_form(server, body) -> None:
+    before = ledger_of(server).charges()
+    with client(server, ACME.key) as http:
+        response = http.post("/classify", json=body)
+    assert response.status_code == 400, response.text
+    assert error_of(response)["code"] == "invalid_body"
+    assert ledger_of(server).charges() == before
+
+
+def test_requests_with_many_sentences_bypass_adaptive_batching(server) -> None:
+    assert server.log is not None
+    documents = [{"sentences": [f"Sentence {d}.{n} is here." for n in range(40)]}] * 4
+    response = privatize(server, "big-user", epsilon=1.0, documents=documents)
+    assert response.status_code == 200, response.text
+    assert [d["k"] for d in response.json()["documents"]] == [40, 40, 40, 40]
+    assert "path=/privatize_unbatched" in server.log.read_text()  # 160 > 100 sentences
