@@ -8,10 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +67,19 @@ def write_tenants(path: Path, tenants: tuple[TenantSpec, ...] = TENANTS) -> Path
     return path
 
 
+def private_home(shared: Path) -> Path:
+    """A BENTOML_HOME of its own that shares ``shared``'s models and bentos.
+
+    ``bentoml serve`` wipes ``$BENTOML_HOME/prometheus_multiproc_dir`` when it starts, so two
+    servers on one home erase each other's metrics; each server gets its own home.
+    """
+    home = Path(tempfile.mkdtemp(prefix="sentdp-server-home-"))
+    for part in ("models", "bentos"):
+        (shared / part).mkdir(parents=True, exist_ok=True)
+        (home / part).symlink_to(shared / part, target_is_directory=True)
+    return home
+
+
 @dataclass
 class Server:
     """``bentoml serve`` in its own process group, configured by SENTDP_* variables."""
@@ -76,6 +91,7 @@ class Server:
     cwd: Path = REPO
     process: subprocess.Popen[bytes] | None = None
     cold_start_seconds: float = 0.0
+    home: Path | None = None
 
     @property
     def url(self) -> str:
@@ -83,6 +99,9 @@ class Server:
 
     def start(self, timeout: float = 300.0) -> Server:
         env = {**os.environ, **self.env}
+        env["BENTOML_HOME"] = str(
+            private_home(Path(env.get("BENTOML_HOME", Path.home() / "bentoml")))
+        )
         log = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         started = time.perf_counter()
         self.process = subprocess.Popen(  # noqa: S603 - our own bentoml, fixed arguments
@@ -132,9 +151,16 @@ class Server:
         psutil.wait_procs(processes, timeout=30)
         if self.process is not None:
             self.process.wait(30)
+        self._forget_home()
+
+    def _forget_home(self) -> None:
+        if self.home is not None:
+            shutil.rmtree(self.home, ignore_errors=True)  # the symlinks, not their targets
+            self.home = None
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
+            self._forget_home()
             return
         processes = self._tree()
         self.process.send_signal(signal.SIGTERM)
@@ -144,6 +170,7 @@ class Server:
         for process in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+        self._forget_home()
 
     def rss_bytes(self) -> int:
         """Resident memory of the whole server (arbiter, gateway and worker processes)."""

@@ -372,7 +372,7 @@ def test_classify_needs_one_complete_form(server, body) -> None:
 
 def test_requests_with_many_sentences_bypass_adaptive_batching(server) -> None:
     assert server.log is not None
-    documents = [{"sentences": [f"Sentence {d}.{n} is here." for n in range(40)]}] * 4
+    documents = [{"sentences": [f"Sentence {d}.{n} is here." for n in range(40)]} for d in range(4)]
     response = privatize(server, "big-user", epsilon=1.0, documents=documents)
     assert response.status_code == 200, response.text
     assert [d["k"] for d in response.json()["documents"]] == [40, 40, 40, 40]

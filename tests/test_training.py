@@ -99,7 +99,7 @@ def test_a_user_csv_trains_only_when_declared_public(tmp_path: Path) -> None:
         run_training(config, load_settings())
     report = run_training(dataclasses.replace(config, corpus_is_public=True), load_settings())
     assert report.bundle.labels == ["sports", "tech"]
-    assert [v.record.name for v in report.bundle.variants] == ["paper", "label-2d"]
+    assert [v.record.name for v in report.bundle.variants] == ["paper", "label-2d", "vote-2d"]
     assert report.bundle.variants[1].candidates.shape[1] == 2
     assert report.bundle.variants[1].record.offset == report.bundle.variants[0].record.candidates
     assert report.tag.startswith("sentdp-mine-quick30-mixed:")
