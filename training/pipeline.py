@@ -194,7 +194,9 @@ def build_bundle(
         seed=config.seed,
         max_epochs=config.max_epochs,
         n_clusters=config.n_clusters,
-        max_candidates=config.max_candidates,
+        candidate_docs=choose_candidates(
+            embeddings, list(splits.train), config.max_candidates, config.seed
+        ),
         p_max=config.p_max,
     )
     c_nonpriv = train_classifier(
@@ -236,7 +238,6 @@ def build_bundle(
         "variants": variant_scores,
         "validation_grid": grid,
     }
-    candidate_docs = choose_candidates(embeddings, data.train, config.max_candidates, config.seed)
     manifest = BundleManifest(
         name=model_name(config, corpus),
         recipe=config.recipe,
@@ -260,7 +261,7 @@ def build_bundle(
         extra={
             "dataset": config.dataset,
             "per_class": config.per_class,
-            "candidate_doc_ids": [corpus.documents[i].doc_id for i in candidate_docs],
+            "candidate_doc_ids": [corpus.documents[i].doc_id for i in data.candidate_docs],
             "text_limits": {
                 "max_sentences": config.limits.max_sentences,
                 "max_sentence_chars": config.limits.max_sentence_chars,

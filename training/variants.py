@@ -25,7 +25,7 @@ import numpy.typing as npt
 from rich.console import Console
 
 from sentdp.bundle import Variant, VariantRecord
-from training.candidates import candidate_embeddings, choose_candidates, random_directions
+from training.candidates import candidate_embeddings, random_directions
 from training.classifiers import softmax, train_classifier
 from training.embeddings import CorpusEmbeddings
 from training.label_recoder import Objective, train_label_recoder
@@ -81,7 +81,8 @@ class TrainingData:
     seed: int
     max_epochs: int
     n_clusters: int
-    max_candidates: int
+    candidate_docs: list[int]
+    """The public documents behind F (shared by every variant: their ids go in the manifest)."""
     p_max: int
 
 
@@ -89,10 +90,9 @@ def build_variant(
     spec: VariantSpec, data: TrainingData, offset: int, console: Console
 ) -> tuple[Variant, dict[str, Any]]:
     """Train one variant; return it with its training scores."""
-    candidate_docs = choose_candidates(data.embeddings, data.train, data.max_candidates, data.seed)
     if spec.recipe == "paper":
-        return _paper(spec, data, candidate_docs, offset, console)
-    return _label(spec, data, candidate_docs, offset, console)
+        return _paper(spec, data, data.candidate_docs, offset, console)
+    return _label(spec, data, data.candidate_docs, offset, console)
 
 
 def _record(
