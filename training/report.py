@@ -133,13 +133,7 @@ def _eps_plot(results: dict[str, Any], path: Path) -> Path:
     axes.set_xscale("log")
     axes.set_xticks(eps, [f"{e:g}" for e in eps])
     axes.set_xlabel("ε")
-    axes.set_ylabel("macro-F1 (test)")
-    axes.set_ylim(0, 1.02)
-    axes.set_title(f"{results['corpus']}: sweep ε")
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path)
-    return path
+    return _finish(figure, axes, f"{results['corpus']}: sweep ε", path)
 
 
 def _k_plot(results: dict[str, Any], path: Path) -> Path:
@@ -162,9 +156,14 @@ def _k_plot(results: dict[str, Any], path: Path) -> Path:
         )
     axes.set_xticks(range(len(bins)), bins)
     axes.set_xlabel("sentences per document (k)")
+    title = f"{results['corpus']}: sweep k at ε = {results['k_epsilon']:g}"
+    return _finish(figure, axes, title, path)
+
+
+def _finish(figure: Any, axes: Any, title: str, path: Path) -> Path:
     axes.set_ylabel("macro-F1 (test)")
     axes.set_ylim(0, 1.02)
-    axes.set_title(f"{results['corpus']}: sweep k at ε = {results['k_epsilon']:g}")
+    axes.set_title(title)
     axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path)

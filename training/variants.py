@@ -25,6 +25,7 @@ import numpy.typing as npt
 from rich.console import Console
 
 from sentdp.bundle import Variant, VariantRecord
+from sentdp.encoders import MLP
 from training.candidates import candidate_embeddings, random_directions
 from training.classifiers import softmax, train_classifier
 from training.embeddings import CorpusEmbeddings
@@ -95,24 +96,37 @@ def build_variant(
     return _label(spec, data, data.candidate_docs, offset, console)
 
 
-def _record(
+def _assemble(
     spec: VariantSpec,
-    candidates: npt.NDArray[np.float64],
-    offset: int,
     data: TrainingData,
+    offset: int,
+    candidates: npt.NDArray[np.float64],
+    class_probs: npt.NDArray[np.float64],
+    recoder: MLP,
     labels_from: str,
-    recoder: dict[str, Any],
-) -> VariantRecord:
-    return VariantRecord(
+    recoder_info: dict[str, Any],
+    classifier_dc: MLP | None = None,
+) -> Variant:
+    """The variant's record, with its p_max random directions drawn from the recorded seed."""
+    dim = candidates.shape[1]
+    record = VariantRecord(
         name=spec.name,
         recipe=spec.recipe,
-        dim=candidates.shape[1],
+        dim=dim,
         candidates=candidates.shape[0],
         offset=offset,
-        p_max=min(data.p_max, _useful_directions(candidates.shape[1], data.p_max)),
+        p_max=_useful_directions(dim, data.p_max),
         directions_seed=data.seed,
         labels_from=labels_from,
+        recoder={"kind": "mlp", "layers": 4, **recoder_info},
+    )
+    return Variant(
+        record=record,
+        candidates=candidates,
+        directions=random_directions(record.p_max, dim, data.seed),
+        candidate_class_probs=class_probs,
         recoder=recoder,
+        classifier_dc=classifier_dc,
     )
 
 
@@ -143,8 +157,7 @@ def _paper(
     )
     console.print(
         f"variant {spec.name}: H best epoch {result.best_epoch}/{result.epochs}, validation "
-        f"cluster "
-        f"accuracy {result.validation_accuracy:.3f}"
+        f"cluster accuracy {result.validation_accuracy:.3f}"
     )
     c_dc = train_classifier(
         recoded_means(result.recoder, emb, data.train),
@@ -156,26 +169,19 @@ def _paper(
         data.max_epochs,
     )
     candidates = candidate_embeddings(result.recoder, emb, candidate_docs)
-    record = _record(
+    variant = _assemble(
         spec,
-        candidates,
-        offset,
         data,
+        offset,
+        candidates,
+        softmax(c_dc.classifier(candidates)),
+        result.recoder,
         "classifier",
         {
-            "kind": "mlp",
-            "layers": 4,
             "objective": "k-means clusters",
             "clusters": int(train_clusters.max()) + 1,
             "best_epoch": result.best_epoch,
         },
-    )
-    variant = Variant(
-        record=record,
-        candidates=candidates,
-        directions=random_directions(record.p_max, candidates.shape[1], data.seed),
-        candidate_class_probs=softmax(c_dc.classifier(candidates)),
-        recoder=result.recoder,
         classifier_dc=c_dc.classifier,
     )
     scores = {
@@ -212,25 +218,18 @@ def _label(
     candidates = candidate_embeddings(
         result.recoder, data.embeddings, candidate_docs, "median" if voting else "mean"
     )
-    record = _record(
+    variant = _assemble(
         spec,
-        candidates,
-        offset,
         data,
+        offset,
+        candidates,
+        softmax(result.head(candidates)),
+        result.recoder,
         "head",
         {
-            "kind": "mlp",
-            "layers": 4,
             "objective": "soft majority vote" if voting else "sentence-level labels",
             "candidates": f"{'median' if voting else 'mean'} of recoded sentences",
             "best_epoch": result.best_epoch,
         },
-    )
-    variant = Variant(
-        record=record,
-        candidates=candidates,
-        directions=random_directions(record.p_max, candidates.shape[1], data.seed),
-        candidate_class_probs=softmax(result.head(candidates)),
-        recoder=result.recoder,
     )
     return variant, {"sentence_validation_loss": result.validation_loss}
