@@ -122,8 +122,7 @@ def sample_from_utilities(
     if u.ndim != 1 or deviations.min() < 0 or not np.array_equal(deviations, -2.0 * u):
         raise InputError("utilities must be a vector of non-positive half-integers")
     plan = plan_selection(deviations, mechanism_epsilon(epsilon, u.shape[0]))
-    (words,) = draw_words(rng if rng is not None else SystemRandomBytes(), 1)
-    return draw(plan, words)
+    return int(DeepCandidate.draw_plans([plan], rng)[0])
 
 
 class DeepCandidate:

@@ -92,8 +92,8 @@ def build_variant(
 ) -> tuple[Variant, dict[str, Any]]:
     """Train one variant; return it with its training scores."""
     if spec.recipe == "paper":
-        return _paper(spec, data, data.candidate_docs, offset, console)
-    return _label(spec, data, data.candidate_docs, offset, console)
+        return _paper(spec, data, offset, console)
+    return _label(spec, data, offset, console)
 
 
 def _assemble(
@@ -137,7 +137,6 @@ def _useful_directions(dim: int, p_max: int) -> int:
 def _paper(
     spec: VariantSpec,
     data: TrainingData,
-    candidate_docs: list[int],
     offset: int,
     console: Console,
 ) -> tuple[Variant, dict[str, Any]]:
@@ -168,7 +167,7 @@ def _paper(
         data.seed,
         data.max_epochs,
     )
-    candidates = candidate_embeddings(result.recoder, emb, candidate_docs)
+    candidates = candidate_embeddings(result.recoder, emb, data.candidate_docs)
     variant = _assemble(
         spec,
         data,
@@ -194,7 +193,6 @@ def _paper(
 def _label(
     spec: VariantSpec,
     data: TrainingData,
-    candidate_docs: list[int],
     offset: int,
     console: Console,
 ) -> tuple[Variant, dict[str, Any]]:
@@ -216,7 +214,7 @@ def _label(
         f"{result.validation_loss:.3f}"
     )
     candidates = candidate_embeddings(
-        result.recoder, data.embeddings, candidate_docs, "median" if voting else "mean"
+        result.recoder, data.embeddings, data.candidate_docs, "median" if voting else "mean"
     )
     variant = _assemble(
         spec,
