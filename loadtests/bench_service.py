@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -30,7 +31,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from service.testing import TENANTS, Server, write_tenants
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for tests.support
+from tests.support import TENANTS, Server, write_tenants
 
 THREADS = 2
 

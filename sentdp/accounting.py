@@ -61,16 +61,15 @@ def budget_micro(budget: float) -> int:
 
 @dataclass(frozen=True)
 class Charge:
-    """What one request spends: ``documents`` documents of the DeepCandidate mechanism, each at
-    ``micro`` micro-epsilon, for a tenant protecting groups of ``group_size`` sentences."""
+    """What one request spends: ``documents`` documents of one mechanism at ``micro``
+    micro-epsilon each."""
 
     mechanism: str
     micro: int
     documents: int
-    group_size: int
 
     def __post_init__(self) -> None:
-        if self.micro <= 0 or self.documents <= 0 or self.group_size <= 0:
+        if self.micro <= 0 or self.documents <= 0:
             raise InputError(f"a charge needs positive amounts, got {self}")
 
     @property
@@ -78,9 +77,31 @@ class Charge:
         return self.micro * self.documents
 
 
-def admits(spent_micro: int, charge_micro: int, group_size: int, limit_micro: int) -> bool:
-    """The ledger's admission rule: ``g * (spent + charge) <= limit``."""
-    return group_size * (spent_micro + charge_micro) <= limit_micro
+@dataclass(frozen=True)
+class Policy:
+    """A tenant's rule: groups of ``group_size`` sentences, ``limit_micro`` group-micro-epsilon
+    per user and period."""
+
+    group_size: int
+    limit_micro: int
+
+    def __post_init__(self) -> None:
+        if self.group_size <= 0 or self.limit_micro < 0:
+            raise InputError(f"a policy needs g >= 1 and a budget >= 0, got {self}")
+
+    def admits(self, spent_micro: int, charge: Charge) -> bool:
+        """The admission rule ``g * (spent + charge) <= limit`` (the ledger runs it as SQL,
+        :data:`ADMISSION_SQL`; tests check the two agree at the boundaries)."""
+        return self.group_size * (spent_micro + charge.total_micro) <= self.limit_micro
+
+    def remaining_micro(self, spent_micro: int) -> int:
+        """Group-micro-epsilon left: ``limit - g * spent`` (negative after a lowered budget)."""
+        return self.limit_micro - self.group_size * spent_micro
+
+
+ADMISSION_SQL = ":g * (spent_micro + :total) <= :lim"
+""":meth:`Policy.admits` as the ledger's SQL condition (``:g`` the group size, ``:total`` the
+charge's micro-epsilon, ``:lim`` the limit); both sides are int64 on SQLite and PostgreSQL."""
 
 
 def to_epsilon(micro: int) -> float:

@@ -17,6 +17,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from service.errors import STATUS, Code, envelope
 from service.tenants import TenantRegistry
 
 Scope = MutableMapping[str, Any]
@@ -28,12 +29,12 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 PROTECTED_PATHS = frozenset({"/privatize", "/classify", "/budget"})
 
 
-async def send_error(send: Send, status: int, code: str, message: str) -> None:
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+async def send_error(send: Send, code: Code, message: str) -> None:
+    body = json.dumps(envelope(code, message)).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": status,
+            "status": int(STATUS[code]),
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
@@ -86,10 +87,8 @@ def uniform_errors(send: Send) -> Send:
         except ValueError:
             data = None
         if isinstance(data, dict) and isinstance(data.get("error"), str):
-            error = {"code": "invalid_body", "message": data["error"]}
-            if "detail" in data:
-                error["detail"] = data["detail"]
-            body = json.dumps({"error": error}).encode()
+            extra = {"detail": data["detail"]} if "detail" in data else {}
+            body = json.dumps(envelope(Code.INVALID_BODY, data["error"], **extra)).encode()
             headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
             start = {**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
         await send(start)
@@ -143,7 +142,7 @@ class GuardMiddleware:
         tenant = self.registry.authenticate(bearer_token(scope))
         refusal = self._refusal(tenant is not None, scope.get("headers", []))
         if refusal is not None or tenant is None:
-            await send_error(send, *(refusal or (401, "unauthorized", "invalid API key")))
+            await send_error(send, *(refusal or (Code.UNAUTHORIZED, "invalid API key")))
             return
         chunks: list[bytes] = []
         size = 0
@@ -155,14 +154,14 @@ class GuardMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                await send_error(send, 413, "body_too_large", self._too_large())
+                await send_error(send, Code.BODY_TOO_LARGE, self._too_large())
                 return
             chunks.append(chunk)
             more = bool(message.get("more_body", False))
         body = b"".join(chunks)
         if json_depth_exceeds(body, self.max_json_depth):
             await send_error(
-                send, 400, "invalid_body", f"JSON nested deeper than {self.max_json_depth} levels"
+                send, Code.INVALID_BODY, f"JSON nested deeper than {self.max_json_depth} levels"
             )
             return
         scope.setdefault("state", {})["sentdp_tenant"] = tenant.id
@@ -179,21 +178,19 @@ class GuardMiddleware:
 
     def _refusal(
         self, authenticated: bool, headers: list[tuple[bytes, bytes]]
-    ) -> tuple[int, str, str] | None:
+    ) -> tuple[Code, str] | None:
         """Why to refuse a request from its headers alone, if at all."""
         if not authenticated:
             return (
-                401,
-                "unauthorized",
+                Code.UNAUTHORIZED,
                 "missing or invalid API key: send 'Authorization: Bearer <key>'",
             )
         for name, value in headers:
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
-                return 413, "body_too_large", self._too_large()
+                return Code.BODY_TOO_LARGE, self._too_large()
             if name == b"content-type" and not is_json(value):
                 return (
-                    415,
-                    "unsupported_media_type",
+                    Code.UNSUPPORTED_MEDIA_TYPE,
                     "send the request body as JSON (Content-Type: application/json)",
                 )
         return None

@@ -38,6 +38,12 @@ _SPECS: dict[str, tuple[str, str, tuple[str, ...], dict[str, Any]]] = {
         ("endpoint",),
         {"buckets": (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)},
     ),
+    "worker_call_seconds": (
+        "Histogram",
+        "sentdp_worker_call_seconds",
+        (),
+        {"buckets": (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)},
+    ),
     "batch_documents": (
         "Histogram",
         "sentdp_worker_batch_documents",

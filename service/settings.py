@@ -1,7 +1,16 @@
-"""Settings of the service, read from ``SENTDP_*`` environment variables when a process starts."""
+"""Settings of the service, read from ``SENTDP_*`` environment variables when a process starts.
+
+Two moments read them. :func:`boot_settings` is read once per process when
+:mod:`service.worker` and :mod:`service.gateway` are imported, because BentoML needs some
+numbers while the service classes are being declared (the model tag, worker counts, batch
+sizes, timeouts, body limits of the middleware). Everything else is read again with
+:func:`load_settings` when a service instance starts. Both read the same environment, so they
+agree unless the environment changes between import and start-up.
+"""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import platformdirs
@@ -54,5 +63,15 @@ class ServiceSettings(BaseSettings):
 
 
 def load_settings() -> ServiceSettings:
-    """Read the environment now; call at startup, never at import time."""
+    """Read the environment now: what a service instance uses when it starts."""
+    return ServiceSettings()
+
+
+@functools.cache
+def boot_settings() -> ServiceSettings:
+    """The settings the service classes are declared with, read once per process.
+
+    Use only for what BentoML needs at class-definition time (decorator arguments, the
+    model reference, middleware options); read everything else with :func:`load_settings`.
+    """
     return ServiceSettings()

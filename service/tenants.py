@@ -19,8 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sentdp.accounting import MAX_LEDGER_VALUE, MICRO, budget_micro
-from service.ledger.base import Policy
+from sentdp.accounting import MAX_LEDGER_VALUE, MICRO, Policy, budget_micro
 
 MAX_EPSILON_LIMIT = 1000.0
 KEY_PREFIX = "sdp_"

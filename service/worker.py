@@ -20,23 +20,23 @@ import numpy as np
 from sentdp.mechanism import DeepCandidate
 from service.metrics import metric
 from service.schemas import WorkItem, WorkResult
-from service.settings import load_settings
+from service.settings import boot_settings, load_settings
 
-_BOOT = load_settings()  # BentoML needs these numbers when the class is declared
+BOOT = boot_settings()
 
 
 def _resources() -> dict[str, Any]:
-    return {"gpu": _BOOT.worker_gpus} if _BOOT.worker_gpus else {}
+    return {"gpu": BOOT.worker_gpus} if BOOT.worker_gpus else {}
 
 
 @bentoml.service(
     name="sentdp-worker",
     workers=1,
     resources=_resources(),
-    traffic={"timeout": _BOOT.worker_max_latency_ms / 1000 * 2},
+    traffic={"timeout": BOOT.worker_max_latency_ms / 1000 * 2},
 )
 class Worker:
-    bundle_model = bentoml.models.BentoModel(_BOOT.model)
+    bundle_model = bentoml.models.BentoModel(BOOT.model)
 
     def __init__(self) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -62,8 +62,8 @@ class Worker:
 
     @bentoml.api(
         batchable=True,
-        max_batch_size=_BOOT.worker_batch_size,
-        max_latency_ms=_BOOT.worker_max_latency_ms,
+        max_batch_size=BOOT.worker_batch_size,
+        max_latency_ms=BOOT.worker_max_latency_ms,
     )
     def privatize(self, items: list[WorkItem]) -> list[WorkResult]:
         """Adaptive-batched: items of many requests are merged into one call."""

@@ -1,4 +1,11 @@
-"""A gateway-to-worker client that never drops a response the worker has already produced.
+"""The gateway's side of the worker hop: which endpoint, what a failure means, and a client
+that never drops a response the worker has already produced.
+
+:func:`call_worker` turns transport failures into the two outcomes the charging flow knows:
+:class:`~service.charging.WorkerNotRunError` (connection refused, or BentoML's 503 for a request
+cancelled before dispatch: no randomness was drawn) and
+:class:`~service.charging.WorkerOutcomeUnknownError` (a 500, a timeout, a connection dropped after
+the request was sent: the worker may have sampled).
 
 BentoML 1.4.39's internal client (``_bentoml_impl.client.proxy2.SessionManager``) replaces
 its aiohttp session every 100 requests or 300 s and *closes the old one with requests still
@@ -18,8 +25,40 @@ from __future__ import annotations
 
 import math
 import sys
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlparse
+
+from service.charging import WorkerNotRunError, WorkerOutcomeUnknownError
+from service.errors import Code
+from service.schemas import WorkItem, WorkResult
+
+
+async def call_worker(proxy: Any, items: list[WorkItem], batched: bool) -> list[WorkResult]:
+    """The worker's results for ``items`` through the adaptive-batched endpoint or its
+    non-batchable twin; failures raised as :class:`WorkerNotRunError` or
+    :class:`WorkerOutcomeUnknownError`."""
+    import aiohttp
+    import bentoml
+
+    endpoint = proxy.to_async.privatize if batched else proxy.to_async.privatize_unbatched
+    try:
+        results = await endpoint(items)
+    except aiohttp.ClientConnectorError as error:
+        raise WorkerNotRunError("worker unreachable") from error
+    except bentoml.exceptions.BentoMLException as error:
+        if error.error_code == HTTPStatus.SERVICE_UNAVAILABLE:
+            raise WorkerNotRunError("worker busy (cancelled before dispatch)") from error
+        raise WorkerOutcomeUnknownError(
+            Code.MECHANISM_FAILED,
+            "the worker failed after the budget was charged; the charge stands",
+        ) from error
+    except (aiohttp.ClientError, TimeoutError) as error:
+        raise WorkerOutcomeUnknownError(
+            Code.WORKER_RESPONSE_LOST,
+            "the worker's answer was lost after the budget was charged; the charge stands",
+        ) from error
+    return [r if isinstance(r, WorkResult) else WorkResult.model_validate(r) for r in results]
 
 
 def harden(proxy: Any) -> None:

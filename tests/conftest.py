@@ -81,7 +81,7 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple
 def server(quick_bundle_tag: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """One real `bentoml serve` (2 gateway workers + the batched worker) on an SQLite ledger,
     with small limits, a sample journal and the test-only fault marker."""
-    from service.testing import Server, write_tenants
+    from tests.support import Server, write_tenants
 
     folder = tmp_path_factory.mktemp("server")
     env = {

@@ -1,12 +1,36 @@
-"""Privacy-budget ledgers: :mod:`.base` holds the interface and transaction logic,
-:mod:`.sqlite` the embedded default, :mod:`.postgres` the backend for several replicas."""
+"""Privacy-budget ledgers: :mod:`.types` holds the values and refusals, :mod:`.sql` the
+transaction logic, :mod:`.sqlite` the embedded default, :mod:`.postgres` the backend for
+several replicas. :func:`open_ledger` picks one from a URL."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from urllib.parse import urlparse
 
-from service.ledger.base import SqlLedger
+from service.ledger.sql import SqlLedger
+from service.ledger.types import (
+    Account,
+    BudgetExhaustedError,
+    IdempotencyInFlightError,
+    IdempotencyKey,
+    IdempotencyMismatchError,
+    LedgerError,
+    Replay,
+    Reservation,
+)
+
+__all__ = [
+    "Account",
+    "BudgetExhaustedError",
+    "IdempotencyInFlightError",
+    "IdempotencyKey",
+    "IdempotencyMismatchError",
+    "LedgerError",
+    "Replay",
+    "Reservation",
+    "SqlLedger",
+    "open_ledger",
+]
 
 
 def open_ledger(url: str, schema: str = "public", pending_timeout: float = 300.0) -> SqlLedger:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from service.ledger.base import SqlLedger, to_named_pyformat
+from service.ledger.sql import SqlLedger, to_named_pyformat
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from service.ledger.base import SqlLedger
+from service.ledger.sql import SqlLedger
 
 MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
 

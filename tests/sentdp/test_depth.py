@@ -8,7 +8,7 @@ import pytest
 from sentdp.depth import DepthIndex, TorchDepthIndex, project
 from sentdp.errors import InputError
 from sentdp.mechanism import DeepCandidate, tukey_utility
-from tests.reference import brute_force_utility
+from tests.sentdp.reference import brute_force_utility
 
 
 def random_case(rng: np.random.Generator, m: int, k: int, p: int, d: int, ties: str) -> tuple:

@@ -12,7 +12,7 @@ import pytest
 
 from sentdp.bundle import Bundle
 from service.ledger import open_ledger
-from service.testing import TENANTS, Server, client, read_journal
+from tests.support import TENANTS, Server, client, read_journal
 
 pytestmark = pytest.mark.server
 

@@ -8,20 +8,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sentdp.accounting import MICRO, Charge
-from service.ledger import open_ledger
-from service.ledger.base import (
+from sentdp.accounting import MICRO, Charge, Policy
+from service.ledger import (
     BudgetExhaustedError,
     IdempotencyInFlightError,
     IdempotencyKey,
     IdempotencyMismatchError,
-    Policy,
     Replay,
     Reservation,
     SqlLedger,
+    open_ledger,
 )
 
-ONE = Charge("deepcandidate", MICRO, 1, 1)
+ONE = Charge("deepcandidate", MICRO, 1)
 POLICY = Policy(group_size=2, limit_micro=10 * MICRO)  # admits five charges of epsilon 1
 
 
@@ -66,25 +65,24 @@ def test_debits_are_admitted_up_to_exactly_the_group_budget(ledger: SqlLedger) -
 
 
 def test_one_micro_epsilon_over_the_remainder_is_refused(ledger: SqlLedger) -> None:
-    reserve(ledger, charge=Charge("deepcandidate", 4 * MICRO, 1, 1))
+    reserve(ledger, charge=Charge("deepcandidate", 4 * MICRO, 1))
     with pytest.raises(BudgetExhaustedError):
-        reserve(ledger, charge=Charge("deepcandidate", MICRO + 1, 1, 1))
+        reserve(ledger, charge=Charge("deepcandidate", MICRO + 1, 1))
     assert (
-        reserve(ledger, charge=Charge("deepcandidate", MICRO, 1, 1)).account.spent_micro
-        == 5 * MICRO
+        reserve(ledger, charge=Charge("deepcandidate", MICRO, 1)).account.spent_micro == 5 * MICRO
     )
 
 
 def test_a_multi_document_request_is_admitted_whole_or_not_at_all(ledger: SqlLedger) -> None:
-    reserve(ledger, charge=Charge("deepcandidate", MICRO, 3, 1))
+    reserve(ledger, charge=Charge("deepcandidate", MICRO, 3))
     with pytest.raises(BudgetExhaustedError):
-        reserve(ledger, charge=Charge("deepcandidate", MICRO, 3, 1))
+        reserve(ledger, charge=Charge("deepcandidate", MICRO, 3))
     assert ledger.account("acme", "alice").documents == 3
     assert len(ledger.charges()) == 3
 
 
 def test_refunds_restore_reserved_charges_once_and_never_final_ones(ledger: SqlLedger) -> None:
-    first = reserve(ledger, charge=Charge("deepcandidate", MICRO, 2, 1))
+    first = reserve(ledger, charge=Charge("deepcandidate", MICRO, 2))
     ledger.settle("acme", "alice", final=[first.charge_ids[0]], refund=[first.charge_ids[1]])
     assert ledger.account("acme", "alice").spent_micro == MICRO
     ledger.settle("acme", "alice", final=[], refund=first.charge_ids)  # again, and the final one
@@ -128,7 +126,7 @@ def test_a_key_in_flight_gets_409_and_a_different_body_422(ledger: SqlLedger) ->
 
 def test_a_refused_or_refunded_request_leaves_its_key_free(ledger: SqlLedger) -> None:
     key = IdempotencyKey("k1", "hmac-a")
-    big = Charge("deepcandidate", 6 * MICRO, 1, 1)
+    big = Charge("deepcandidate", 6 * MICRO, 1)
     with pytest.raises(BudgetExhaustedError):
         reserve(ledger, charge=big, idempotency=key)
     first = reserve(ledger, idempotency=key)
@@ -209,3 +207,33 @@ def test_concurrent_processes_never_overspend(ledger_url: tuple[str, str]) -> No
     assert ledger.account("acme", "alice").spent_micro == 50 * MICRO
     assert_invariant(ledger)
     ledger.close()
+
+
+@pytest.mark.parametrize("group_size", [1, 2, 7])
+def test_the_sql_admission_rule_is_the_python_one_at_its_boundaries(
+    ledger: SqlLedger, group_size: int
+) -> None:
+    """Policy.admits and the ledger's SQL agree on every case around the exact limit."""
+    limit = 10 * MICRO + 3
+    policy = Policy(group_size=group_size, limit_micro=limit)
+    edge = limit // group_size  # the largest spend + charge that fits
+    cases = 0
+    for total in (edge - 1, edge, edge + 1):
+        for spent in (0, 1, total // 2, total - 1):
+            charge = Charge("deepcandidate", total - spent, 1)
+            user = f"u-{group_size}-{total}-{spent}"
+            with ledger.transaction() as cur:
+                ledger._execute(
+                    cur,
+                    "INSERT INTO sentdp_accounts (tenant, user_id, spent_micro) "
+                    "VALUES ('acme', :u, :s)",
+                    {"u": user, "s": spent},
+                )
+            try:
+                ledger.reserve("acme", user, charge, policy, "req")
+                admitted = True
+            except BudgetExhaustedError:
+                admitted = False
+            assert admitted == policy.admits(spent, charge), (spent, charge)
+            cases += 1
+    assert cases == 12

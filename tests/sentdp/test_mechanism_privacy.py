@@ -16,7 +16,7 @@ from sentdp.mechanism import (
     selection_log_probs,
 )
 from sentdp.sampling import GAMMA
-from tests.reference import brute_force_utility
+from tests.sentdp.reference import brute_force_utility
 
 EPSILONS = [0.1, 1.0, 10.0, 100.0, 1000.0]
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from service.ledger import open_ledger
-from service.testing import Server, TenantSpec, read_journal, write_tenants
+from tests.support import Server, TenantSpec, read_journal, write_tenants
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

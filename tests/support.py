@@ -1,6 +1,7 @@
 """Run a real sentdp server (``bentoml serve``) on loopback: for tests, benchmarks and load tests.
 
-Not used by the service itself.
+Test support, not shipped: it lives under ``tests/`` so that neither the wheel nor the Bento
+carries it (it needs httpx and psutil, dev extras). The load tests import it too.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class Server:
         )
         log = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         started = time.perf_counter()
-        self.process = subprocess.Popen(  # noqa: S603 - our own bentoml, fixed arguments
+        self.process = subprocess.Popen(
             [str(BENTOML), "serve", self.target, "--port", str(self.port), "--host", "127.0.0.1"],
             cwd=self.cwd,
             env=env,

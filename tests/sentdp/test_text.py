@@ -10,7 +10,7 @@ import pytest
 from sentdp.errors import InputError, LimitError
 from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
 
-GOLD = Path(__file__).parent / "data" / "splitter_gold.jsonl"
+GOLD = Path(__file__).parent.parent / "data" / "splitter_gold.jsonl"
 
 
 @pytest.fixture(scope="module")

@@ -21,76 +21,21 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
-from sentdp.accounting import Charge, admits
+from sentdp.accounting import ADMISSION_SQL, Charge, Policy
+from service.ledger.types import (
+    IDEMPOTENCY_TTL_SECONDS,
+    Account,
+    BudgetExhaustedError,
+    IdempotencyInFlightError,
+    IdempotencyKey,
+    IdempotencyMismatchError,
+    Replay,
+    Reservation,
+)
 
 SCHEMA_VERSION = 1
-IDEMPOTENCY_TTL_SECONDS = 24 * 3600
-
-
-@dataclass(frozen=True)
-class Account:
-    """A user's spending in the current period, in micro-epsilon."""
-
-    tenant: str
-    user: str
-    spent_micro: int
-    documents: int
-    period: int
-
-
-@dataclass(frozen=True)
-class Policy:
-    """A tenant's rule: groups of ``group_size`` sentences, ``limit_micro`` group-micro-epsilon."""
-
-    group_size: int
-    limit_micro: int
-
-
-@dataclass(frozen=True)
-class IdempotencyKey:
-    """A client's retry key for one logical request, with an HMAC of the request body."""
-
-    key: str
-    body_hmac: str
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """A successful debit: one charge row per document, and the account after it."""
-
-    charge_ids: list[int]
-    account: Account
-
-
-@dataclass(frozen=True)
-class Replay:
-    """A completed request with the same idempotency key: return its stored response."""
-
-    response: str
-
-
-class LedgerError(Exception):
-    """Base of the ledger's refusals."""
-
-
-class BudgetExhaustedError(LedgerError):
-    def __init__(self, account: Account, charge: Charge, policy: Policy) -> None:
-        super().__init__("privacy budget exhausted")
-        self.account = account
-        self.charge = charge
-        self.policy = policy
-
-
-class IdempotencyInFlightError(LedgerError):
-    """Another request with the same key has not finished."""
-
-
-class IdempotencyMismatchError(LedgerError):
-    """The key was used before with a different request body."""
-
 
 _NAMED = re.compile(r":([a-z_]+)")
 
@@ -250,9 +195,9 @@ class SqlLedger(abc.ABC):
             )
             row = self._execute(
                 cur,
-                "UPDATE sentdp_accounts SET spent_micro = spent_micro + :total, "
+                "UPDATE sentdp_accounts SET spent_micro = spent_micro + :total, "  # noqa: S608 (a constant)
                 "documents = documents + :n "
-                "WHERE tenant = :t AND user_id = :u AND :g * (spent_micro + :total) <= :lim "
+                f"WHERE tenant = :t AND user_id = :u AND {ADMISSION_SQL} "
                 "RETURNING spent_micro, documents, period",
                 params
                 | {
@@ -400,11 +345,6 @@ class SqlLedger(abc.ABC):
                 "ORDER BY tenant, user_id",
             ).fetchall()
         return [Account(r[0], r[1], int(r[2]), int(r[3]), int(r[4])) for r in rows]
-
-
-def admitted(account: Account, charge: Charge, policy: Policy) -> bool:
-    """Whether ``charge`` would be admitted on top of ``account`` (same rule as the SQL)."""
-    return admits(account.spent_micro, charge.total_micro, policy.group_size, policy.limit_micro)
 
 
 def to_named_pyformat(sql: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.ledger import open_ledger
-from service.testing import TENANTS, Server, client
+from tests.support import TENANTS, Server, client
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from service.ledger import open_ledger
-from service.testing import TENANTS, Server, write_tenants
+from tests.support import TENANTS, Server, write_tenants
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

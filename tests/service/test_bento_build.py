@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.testing import REPO, TENANTS, Server, client, write_tenants
+from tests.support import REPO, TENANTS, Server, client, write_tenants
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

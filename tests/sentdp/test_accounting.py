@@ -11,7 +11,7 @@ import pytest
 from sentdp.accounting import (
     MICRO,
     Charge,
-    admits,
+    Policy,
     budget_micro,
     charge_for,
     epsilon_of_charge,
@@ -63,8 +63,10 @@ def test_the_mechanism_never_runs_above_the_charge(micro: int) -> None:
 def test_admission_at_the_exact_remainder_and_one_micro_over() -> None:
     limit = budget_micro(10.0)
     assert limit == 10 * MICRO
-    assert admits(3 * MICRO, 2 * MICRO, 2, limit)  # 2 * (3 + 2) == 10: exactly the limit
-    assert not admits(3 * MICRO, 2 * MICRO + 1, 2, limit)  # one micro-epsilon over
+    policy = Policy(group_size=2, limit_micro=limit)
+    assert policy.admits(3 * MICRO, Charge("deepcandidate", 2 * MICRO, 1))  # 2 * (3 + 2) == 10
+    assert not policy.admits(3 * MICRO, Charge("deepcandidate", 2 * MICRO + 1, 1))  # one over
+    assert policy.remaining_micro(3 * MICRO) == 4 * MICRO
 
 
 def test_budgets_round_down_and_charges_validate() -> None:
@@ -72,5 +74,7 @@ def test_budgets_round_down_and_charges_validate() -> None:
     with pytest.raises(InputError):
         budget_micro(math.inf)
     with pytest.raises(InputError, match="positive"):
-        Charge("deepcandidate", 0, 1, 1)
-    assert Charge("deepcandidate", 5, 3, 2).total_micro == 15
+        Charge("deepcandidate", 0, 1)
+    with pytest.raises(InputError, match="policy"):
+        Policy(group_size=0, limit_micro=1)
+    assert Charge("deepcandidate", 5, 3).total_micro == 15

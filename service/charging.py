@@ -1,0 +1,411 @@
+"""A charged request, top to bottom: validate -> reserve -> run the worker -> settle -> respond.
+
+This is the whole privacy-relevant path of /privatize and /classify, free of any web
+framework, so it can be read in one place and tested with a real ledger and a fake worker.
+
+* **validate**: epsilon (finite, above the mechanism's slack, at most the tenant's maximum),
+  the number of documents, each document's sentences (split, truncated per sentence, k
+  bounded), and the Idempotency-Key. Nothing is written before validation passes.
+* **reserve**: one transaction checks the key, debits the whole request if the tenant's policy
+  admits it, and records one charge row per document (or finds a stored response to replay).
+* **run**: the worker encodes and samples. A :class:`WorkerNotRunError` means no document drew
+  randomness; a :class:`WorkerOutcomeUnknownError` means some may have.
+* **settle**: sampled documents' charges become final; documents that certainly drew no
+  randomness are refunded; the response is stored under the key (or the key released when
+  nothing was sampled, so that a retry can run). A charge is never refunded after sampling:
+  the refund would depend on the chosen candidate and leak it through the budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sentdp.accounting import Charge, charge_for, epsilon_of_charge, to_epsilon
+from sentdp.bundle import Bundle, PChoice
+from sentdp.errors import InputError, LimitError
+from sentdp.mechanism import privacy_slack
+from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
+from service.errors import ApiError, Code
+from service.ledger import (
+    BudgetExhaustedError,
+    IdempotencyInFlightError,
+    IdempotencyKey,
+    IdempotencyMismatchError,
+    Replay,
+    Reservation,
+    SqlLedger,
+)
+from service.logs import log_event, logger
+from service.metrics import metric
+from service.schemas import DocumentIn, PrivatizeResponse, WorkItem, WorkResult
+from service.tenants import Tenant
+from service.views import budget_view, exhausted_error, private_document
+
+MAX_KEY_LENGTH = 200
+MECHANISM = "deepcandidate"
+
+
+class WorkerNotRunError(Exception):
+    """The worker certainly drew no randomness for any item: every charge may be refunded."""
+
+
+class WorkerOutcomeUnknownError(Exception):
+    """The worker may have sampled (a timeout, a 500, a dropped answer): charges stand."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+Worker = Callable[[list[WorkItem]], Awaitable[list[WorkResult]]]
+"""Runs the mechanism for a list of items; raises the two exceptions above on failure."""
+
+
+@dataclass(frozen=True)
+class ChargedRequest:
+    """One authenticated call of /privatize or /classify (documents form)."""
+
+    tenant: Tenant
+    user: str
+    epsilon: float
+    documents: list[DocumentIn]
+    with_labels: bool = False
+    idempotency_key: str | None = None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def endpoint(self) -> str:
+        return "classify" if self.with_labels else "privatize"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What to send back: a status and a JSON body (already serialised)."""
+
+    status: int
+    body: str
+    replayed: bool = False
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What validation decided for a request, before anything is written."""
+
+    choice: PChoice
+    micro: int
+    sentences: list[list[str]]
+    key: IdempotencyKey | None
+
+    @property
+    def charge(self) -> Charge:
+        return Charge(MECHANISM, self.micro, len(self.sentences))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request size limits of the service."""
+
+    max_documents: int
+    text: TextLimits
+
+
+class Charging:
+    """The charged-request flow over one bundle, one ledger and one worker."""
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        version: str,
+        ledger: SqlLedger,
+        worker: Worker,
+        limits: Limits,
+        secret: bytes,
+    ) -> None:
+        self.bundle = bundle
+        self.version = version
+        self.ledger = ledger
+        self.worker = worker
+        self.limits = limits
+        self.secret = secret
+        self.splitter = SentenceSplitter()
+        self.slack = {v.record.name: privacy_slack(v.record.candidates) for v in bundle.variants}
+
+    async def handle(self, request: ChargedRequest) -> Reply:
+        """Run one request to its reply; every refusal becomes an error reply."""
+        started = time.perf_counter()
+        try:
+            admission = self.validate(request)
+            reserved = await self.reserve(request, admission)
+            if isinstance(reserved, Replay):
+                metric("replays").labels(request.tenant.id).inc()
+                reply = Reply(200, reserved.response, replayed=True)
+            else:
+                reply = await self.run_and_settle(request, admission, reserved)
+        except ApiError as error:
+            reply = Reply(error.status, error.json())
+            code: str | None = error.code.value
+        else:
+            code = None
+        seconds = time.perf_counter() - started
+        metric("request_seconds").labels(request.endpoint).observe(seconds)
+        log_event(
+            "charged_request",
+            request_id=request.request_id,
+            tenant=request.tenant.id,
+            endpoint=request.endpoint,
+            documents=len(request.documents),
+            status=reply.status,
+            code=code,
+            replayed=reply.replayed,
+            seconds=round(seconds, 4),
+        )
+        return reply
+
+    # --- validate ------------------------------------------------------------------------
+    def validate(self, request: ChargedRequest) -> Admission:
+        """Check everything about the request that needs no database; raise ApiError."""
+        epsilon = request.epsilon
+        if not math.isfinite(epsilon) or epsilon <= 0:
+            raise ApiError(
+                Code.INVALID_EPSILON, f"epsilon must be a finite number above 0, got {epsilon!r}"
+            )
+        choice = self.bundle.manifest.choice_for(epsilon)
+        micro = self._charge(epsilon, request.tenant, self.slack[choice.variant])
+        if len(request.documents) > self.limits.max_documents:
+            raise ApiError(
+                Code.TOO_MANY_DOCUMENTS,
+                f"{len(request.documents)} documents in one request; the limit is "
+                f"{self.limits.max_documents}",
+            )
+        sentences = [self._sentences(n, doc) for n, doc in enumerate(request.documents)]
+        return Admission(choice, micro, sentences, self._idempotency_key(request))
+
+    def _charge(self, epsilon: float, tenant: Tenant, slack: float) -> int:
+        if epsilon <= slack:
+            raise ApiError(
+                Code.INVALID_EPSILON,
+                f"epsilon must be a finite number above {slack:.2g}, got {epsilon!r}",
+            )
+        if epsilon > tenant.max_epsilon:
+            raise ApiError(
+                Code.INVALID_EPSILON,
+                f"epsilon {epsilon:g} is above this tenant's maximum of {tenant.max_epsilon:g}",
+            )
+        try:
+            return charge_for(epsilon)
+        except InputError as error:
+            raise ApiError(Code.INVALID_EPSILON, str(error)) from None
+
+    def _sentences(self, position: int, document: DocumentIn) -> list[str]:
+        try:
+            if document.sentences is not None:
+                return prepare_sentences(document.sentences, self.limits.text)
+            return split_document(document.text or "", self.splitter, self.limits.text)
+        except LimitError as error:
+            raise ApiError(Code.DOCUMENT_TOO_LARGE, f"document {position}: {error}") from None
+        except InputError as error:
+            raise ApiError(Code.INVALID_DOCUMENT, f"document {position}: {error}") from None
+
+    def _idempotency_key(self, request: ChargedRequest) -> IdempotencyKey | None:
+        key = request.idempotency_key
+        if key is None:
+            return None
+        if not 1 <= len(key) <= MAX_KEY_LENGTH or not key.isprintable():
+            raise ApiError(
+                Code.INVALID_IDEMPOTENCY_KEY,
+                f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable characters",
+            )
+        canonical = json.dumps(
+            {
+                "endpoint": request.endpoint,
+                "user": request.user,
+                "epsilon": request.epsilon,
+                "documents": [d.model_dump() for d in request.documents],
+            },
+            sort_keys=True,
+        ).encode()
+        return IdempotencyKey(key, hmac.new(self.secret, canonical, hashlib.sha256).hexdigest())
+
+    # --- reserve -------------------------------------------------------------------------
+    async def reserve(self, request: ChargedRequest, admission: Admission) -> Reservation | Replay:
+        """The atomic check-and-debit (with the key); refusals become ApiErrors."""
+        tenant = request.tenant
+        metric("epsilon").labels(tenant.id).observe(request.epsilon)
+        try:
+            reserved: Reservation | Replay = await self._ledger(
+                "reserve",
+                self.ledger.reserve,
+                tenant.id,
+                request.user,
+                admission.charge,
+                tenant.policy,
+                request.request_id,
+                admission.key,
+            )
+            return reserved
+        except BudgetExhaustedError as refused:
+            metric("refusals").labels(tenant.id).inc()
+            raise exhausted_error(refused) from None
+        except IdempotencyInFlightError:
+            raise ApiError(
+                Code.IDEMPOTENCY_KEY_IN_FLIGHT,
+                "a request with this Idempotency-Key has not finished; retry later",
+            ) from None
+        except IdempotencyMismatchError:
+            raise ApiError(
+                Code.IDEMPOTENCY_KEY_REUSED,
+                "this Idempotency-Key was used with a different request body; use a new key",
+            ) from None
+        except Exception:
+            logger.exception("ledger reserve failed (request %s)", request.request_id)
+            raise ApiError(
+                Code.LEDGER_UNAVAILABLE, "the ledger is unavailable; nothing was charged; retry"
+            ) from None
+
+    # --- run and settle ------------------------------------------------------------------
+    async def run_and_settle(
+        self, request: ChargedRequest, admission: Admission, reserved: Reservation
+    ) -> Reply:
+        """Run the mechanism for the reserved documents and settle every charge."""
+        items = [
+            WorkItem(
+                charge_id=charge_id,
+                model=self.version,
+                variant=admission.choice.variant,
+                sentences=sentences,
+                epsilon=epsilon_of_charge(admission.micro),
+                p=admission.choice.p,
+            )
+            for charge_id, sentences in zip(reserved.charge_ids, admission.sentences, strict=True)
+        ]
+        try:
+            results = await self._run(request, items)
+        except WorkerOutcomeUnknownError as unknown:
+            # Some documents may have sampled: every charge is final, the key is released.
+            await self._settle(request, admission, reserved.charge_ids, [], None)
+            raise ApiError(unknown.code, str(unknown)) from None
+        final = [i.charge_id for i, r in zip(items, results, strict=True) if r.sampled]
+        refund = [i.charge_id for i, r in zip(items, results, strict=True) if not r.sampled]
+        reply = self._reply(request, admission, reserved, results)
+        stored = reply.body if final else None  # nothing sampled: free the key for a retry
+        settled = await self._settle(request, admission, final, refund, stored)
+        if not settled and refund:
+            raise ApiError(Code.LEDGER_UNAVAILABLE, "the ledger failed; retry")
+        if final:
+            metric("documents").labels(request.tenant.id).inc(len(final))
+            metric("sentences").labels(request.tenant.id).inc(
+                sum(len(s) for s, r in zip(admission.sentences, results, strict=True) if r.sampled)
+            )
+        return reply
+
+    async def _run(self, request: ChargedRequest, items: list[WorkItem]) -> list[WorkResult]:
+        started = time.perf_counter()
+        try:
+            results = await self.worker(items)
+        except WorkerNotRunError as not_run:
+            logger.warning(
+                "worker did not run (request %s): %s", request.request_id, not_run, exc_info=True
+            )
+            results = [WorkResult(sampled=False, error=str(not_run)) for _ in items]
+        except WorkerOutcomeUnknownError:
+            logger.exception("worker failed after the charge (request %s)", request.request_id)
+            raise
+        except Exception as error:  # anything else may also have come after sampling
+            logger.exception("worker call failed (request %s)", request.request_id)
+            raise WorkerOutcomeUnknownError(
+                Code.MECHANISM_FAILED,
+                "the worker failed after the budget was charged; the charge stands",
+            ) from error
+        finally:
+            metric("worker_call_seconds").observe(time.perf_counter() - started)
+        if len(results) != len(items):
+            logger.error("worker answered %d results for %d items", len(results), len(items))
+            raise WorkerOutcomeUnknownError(
+                Code.MECHANISM_FAILED,
+                "the worker failed after the budget was charged; the charge stands",
+            )
+        refunded = [r for r in results if not r.sampled]
+        if refunded:
+            metric("refunds").labels(refunded[0].error or "worker").inc(len(refunded))
+        return results
+
+    def _reply(
+        self,
+        request: ChargedRequest,
+        admission: Admission,
+        reserved: Reservation,
+        results: list[WorkResult],
+    ) -> Reply:
+        """The response body: 200 with every document, or 503 naming what was refunded."""
+        epsilon = to_epsilon(admission.micro)
+        released = [
+            private_document(
+                self.bundle,
+                int(result.candidate if result.candidate is not None else -1),
+                len(sentences),
+                epsilon,
+                admission.choice.p,
+                request.with_labels,
+            )
+            for result, sentences in zip(results, admission.sentences, strict=True)
+            if result.sampled
+        ]
+        refunded = len(results) - len(released)
+        if refunded:
+            reason = next(r.error for r in results if not r.sampled) or "worker"
+            error = ApiError(
+                Code.WORKER_UNAVAILABLE,
+                f"{refunded} of {len(results)} documents could not be privatized and were "
+                f"refunded ({reason}); retry later",
+                released=[d.model_dump() for d in released],
+            )
+            return Reply(error.status, error.json())
+        account = reserved.account
+        policy = request.tenant.policy
+        response = PrivatizeResponse(
+            model=self.version, documents=released, budget=budget_view(account, policy)
+        )
+        return Reply(200, json.dumps(response.model_dump(mode="json", exclude_none=True)))
+
+    async def _settle(
+        self,
+        request: ChargedRequest,
+        admission: Admission,
+        final: list[int],
+        refund: list[int],
+        stored: str | None,
+    ) -> bool:
+        """Settle in the ledger; False (logged) when the ledger failed: the charges then stay
+        ``reserved``, which still counts them (an over-charge, never an under-charge)."""
+        try:
+            await self._ledger(
+                "settle",
+                self.ledger.settle,
+                request.tenant.id,
+                request.user,
+                final,
+                refund,
+                admission.key,
+                stored,
+            )
+        except Exception:
+            logger.exception("ledger settle failed (request %s)", request.request_id)
+            return False
+        return True
+
+    async def _ledger(self, operation: str, function: Callable[..., Any], *args: Any) -> Any:
+        """A ledger call on a thread (database calls never block the event loop)."""
+        started = time.perf_counter()
+        try:
+            return await asyncio.to_thread(function, *args)
+        finally:
+            metric("ledger_seconds").labels(operation).observe(time.perf_counter() - started)

@@ -1,0 +1,91 @@
+"""Every refusal the service sends: named codes, their HTTP status, and one envelope.
+
+The body of every error is ``{"error": {"code": <code>, "message": <what to fix>, ...}}``;
+extra fields (a 402's budget figures, a 503's released documents) sit beside code and message.
+A message never holds request text: it names positions, sizes and limits only.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from http import HTTPStatus
+from typing import Any
+
+
+class Code(StrEnum):
+    """Machine-readable error codes (stable: clients branch on them)."""
+
+    UNAUTHORIZED = "unauthorized"
+    INVALID_BODY = "invalid_body"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    BODY_TOO_LARGE = "body_too_large"
+    INVALID_EPSILON = "invalid_epsilon"
+    INVALID_DOCUMENT = "invalid_document"
+    INVALID_CANDIDATE = "invalid_candidate"
+    INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
+    DOCUMENT_TOO_LARGE = "document_too_large"
+    TOO_MANY_DOCUMENTS = "too_many_documents"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    UNKNOWN_MODEL = "unknown_model"
+    IDEMPOTENCY_KEY_IN_FLIGHT = "idempotency_key_in_flight"
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+    MECHANISM_FAILED = "mechanism_failed"
+    WORKER_RESPONSE_LOST = "worker_response_lost"
+    WORKER_UNAVAILABLE = "worker_unavailable"
+    LEDGER_UNAVAILABLE = "ledger_unavailable"
+
+
+STATUS: dict[Code, HTTPStatus] = {
+    Code.UNAUTHORIZED: HTTPStatus.UNAUTHORIZED,
+    Code.INVALID_BODY: HTTPStatus.BAD_REQUEST,
+    Code.UNSUPPORTED_MEDIA_TYPE: HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+    Code.BODY_TOO_LARGE: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    Code.INVALID_EPSILON: HTTPStatus.BAD_REQUEST,
+    Code.INVALID_DOCUMENT: HTTPStatus.BAD_REQUEST,
+    Code.INVALID_CANDIDATE: HTTPStatus.BAD_REQUEST,
+    Code.INVALID_IDEMPOTENCY_KEY: HTTPStatus.BAD_REQUEST,
+    Code.DOCUMENT_TOO_LARGE: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    Code.TOO_MANY_DOCUMENTS: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    Code.BUDGET_EXHAUSTED: HTTPStatus.PAYMENT_REQUIRED,
+    Code.UNKNOWN_MODEL: HTTPStatus.NOT_FOUND,
+    Code.IDEMPOTENCY_KEY_IN_FLIGHT: HTTPStatus.CONFLICT,
+    Code.IDEMPOTENCY_KEY_REUSED: HTTPStatus.UNPROCESSABLE_ENTITY,
+    Code.MECHANISM_FAILED: HTTPStatus.INTERNAL_SERVER_ERROR,
+    Code.WORKER_RESPONSE_LOST: HTTPStatus.BAD_GATEWAY,
+    Code.WORKER_UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,
+    Code.LEDGER_UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,
+}
+"""The HTTP status of each code: one code, one status, everywhere."""
+
+
+def envelope(code: Code, message: str, **details: Any) -> dict[str, Any]:
+    """The error body: ``{"error": {"code", "message", **details}}``."""
+    return {"error": {"code": code.value, "message": message, **details}}
+
+
+class ApiError(Exception):
+    """A refusal: its code (hence its status), what to fix, and optional extra fields."""
+
+    def __init__(self, code: Code, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = details
+
+    @property
+    def status(self) -> int:
+        return int(STATUS[self.code])
+
+    def body(self) -> dict[str, Any]:
+        return envelope(self.code, str(self), **self.details)
+
+    def json(self) -> str:
+        return json.dumps(self.body())
+
+
+def classify_forms_error() -> ApiError:
+    """/classify got a mix of its two forms."""
+    return ApiError(
+        Code.INVALID_BODY,
+        "classify takes either user, epsilon and documents, or model and candidates",
+    )

@@ -1,0 +1,68 @@
+"""What the ledger stores and answers: accounts, reservations, replays, and its refusals.
+
+Plain values with no storage code, so the charging flow and its tests can use them without a
+database driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sentdp.accounting import Charge, Policy
+
+IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+"""How long a completed request's stored response answers retries with the same key."""
+
+
+@dataclass(frozen=True)
+class Account:
+    """A user's spending in the current period, in micro-epsilon."""
+
+    tenant: str
+    user: str
+    spent_micro: int
+    documents: int
+    period: int
+
+
+@dataclass(frozen=True)
+class IdempotencyKey:
+    """A client's retry key for one logical request, with an HMAC of the request body."""
+
+    key: str
+    body_hmac: str
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A successful debit: one charge row per document, and the account after it."""
+
+    charge_ids: list[int]
+    account: Account
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A completed request with the same idempotency key: return its stored response."""
+
+    response: str
+
+
+class LedgerError(Exception):
+    """Base of the ledger's refusals."""
+
+
+class BudgetExhaustedError(LedgerError):
+    def __init__(self, account: Account, charge: Charge, policy: Policy) -> None:
+        super().__init__("privacy budget exhausted")
+        self.account = account
+        self.charge = charge
+        self.policy = policy
+
+
+class IdempotencyInFlightError(LedgerError):
+    """Another request with the same key has not finished."""
+
+
+class IdempotencyMismatchError(LedgerError):
+    """The key was used before with a different request body."""

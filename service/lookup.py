@@ -1,0 +1,65 @@
+"""Free label lookups: (model version, candidate ids already released) -> class labels.
+
+A candidate is a public vector, so its label is post-processing and costs no budget. Bundles
+of other versions of the served model are loaded from the BentoML store on first use.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from sentdp.bundle import Bundle
+from sentdp.errors import InputError
+from service.errors import ApiError, Code
+from service.schemas import CandidateLabel, ClassifyResponse
+from service.views import label_of
+
+StoreLoader = Callable[[str], tuple[str, str | None, Path]]
+"""A tag -> (model name, version or None, folder) from the model store; raises when absent."""
+
+
+def bentoml_store(tag: str) -> tuple[str, str | None, Path]:
+    import bentoml
+
+    found = bentoml.models.get(tag)
+    return found.tag.name, found.tag.version, Path(found.path)
+
+
+class Lookups:
+    """Labels of released candidates of any stored version of the served model."""
+
+    def __init__(self, bundle: Bundle, version: str, load: StoreLoader = bentoml_store) -> None:
+        self.name = version.split(":", 1)[0]
+        self._bundles: dict[str, Bundle] = {version: bundle}
+        self._load = load
+        self._lock = threading.Lock()
+
+    def labels(self, model: str, candidates: list[int]) -> ClassifyResponse:
+        """The labels of ``candidates`` in ``model`` (blocking: call off the event loop)."""
+        bundle = self.bundle(model)
+        labels: list[CandidateLabel] = []
+        for candidate in candidates:
+            try:
+                labels.append(label_of(bundle, candidate))
+            except InputError as error:
+                raise ApiError(Code.INVALID_CANDIDATE, f"model {model}: {error}") from None
+        return ClassifyResponse(model=model, labels=labels)
+
+    def bundle(self, model: str) -> Bundle:
+        """The bundle of a stored version of the served model; 404 for anything else."""
+        with self._lock:
+            if model in self._bundles:
+                return self._bundles[model]
+            unknown = ApiError(Code.UNKNOWN_MODEL, f"no model version {model!r} here")
+            try:
+                name, version, path = self._load(model)
+            except Exception:
+                raise unknown from None
+            if name != self.name or version is None:
+                raise unknown
+            resolved = f"{name}:{version}"  # an alias such as ':latest' resolves each time
+            if resolved not in self._bundles:
+                self._bundles[resolved] = Bundle.load(path)
+            return self._bundles[resolved]

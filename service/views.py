@@ -1,0 +1,81 @@
+"""Response bodies built from ledger rows and the bundle: pure functions, no I/O.
+
+What a caller sees of its user's budget, of a released candidate and of a refusal for budget
+all come from here, so /privatize, /classify and /budget can never disagree.
+"""
+
+from __future__ import annotations
+
+from sentdp.accounting import Policy, to_epsilon
+from sentdp.bundle import Bundle
+from service.errors import ApiError, Code
+from service.ledger import Account, BudgetExhaustedError
+from service.schemas import Budget, CandidateLabel, PrivateDocument
+
+
+def budget_view(account: Account, policy: Policy) -> Budget:
+    """A user's spending under a tenant's policy, in epsilon."""
+    spent = to_epsilon(account.spent_micro)
+    remaining = to_epsilon(policy.remaining_micro(account.spent_micro))
+    return Budget(
+        user=account.user,
+        spent_epsilon=spent,
+        group_size=policy.group_size,
+        group_epsilon=policy.group_size * spent,
+        limit=to_epsilon(policy.limit_micro),
+        remaining=remaining,
+        remaining_epsilon=remaining / policy.group_size,
+        documents=account.documents,
+        period=account.period,
+    )
+
+
+def exhausted_error(refused: BudgetExhaustedError) -> ApiError:
+    """The 402 for a refused debit, with the figures a client needs to decide what to do."""
+    view = budget_view(refused.account, refused.policy)
+    requested = to_epsilon(refused.charge.total_micro)
+    return ApiError(
+        Code.BUDGET_EXHAUSTED,
+        f"privatizing would spend {requested:g} epsilon, but only "
+        f"{view.remaining_epsilon:g} remains for this user (group size {view.group_size})",
+        requested=requested,
+        spent_epsilon=view.spent_epsilon,
+        group_size=view.group_size,
+        limit=view.limit,
+        remaining=view.remaining,
+    )
+
+
+def label_of(bundle: Bundle, candidate: int) -> CandidateLabel:
+    """The class a released candidate stands for (post-processing of a public vector).
+
+    Raises :class:`sentdp.errors.InputError` for an id outside the bundle.
+    """
+    variant, local = bundle.locate(candidate)
+    probs = variant.candidate_class_probs[local]
+    labels = bundle.labels
+    return CandidateLabel(
+        candidate=candidate,
+        label=labels[int(probs.argmax())],
+        probabilities={name: float(p) for name, p in zip(labels, probs, strict=True)},
+    )
+
+
+def private_document(
+    bundle: Bundle, candidate: int, k: int, epsilon: float, p: int, with_label: bool
+) -> PrivateDocument:
+    """One released document: the chosen public candidate, and its label if asked."""
+    variant, local = bundle.locate(candidate)
+    document = PrivateDocument(
+        embedding=variant.candidates[local].tolist(),
+        candidate=candidate,
+        variant=variant.record.name,
+        k=k,
+        epsilon=epsilon,
+        p=p,
+    )
+    if with_label:
+        label = label_of(bundle, candidate)
+        document.label = label.label
+        document.probabilities = label.probabilities
+    return document

@@ -1,0 +1,116 @@
+"""A small in-memory bundle and a fake worker for the charging flow's unit tests.
+
+The bundle is a real :class:`sentdp.bundle.Bundle` with random public values; the fake worker
+runs the real mechanism of that bundle on pseudo-embeddings (one vector per sentence, from a
+hash of the sentence alone) and journals every charge id before drawing, as the real worker
+does, so tests can check that nothing sampled is ever refunded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sentdp.bundle import Bundle, BundleManifest, CorpusRecord, PChoice, Variant, VariantRecord
+from sentdp.mechanism import DeepCandidate
+from service.charging import WorkerNotRunError, WorkerOutcomeUnknownError
+from service.errors import Code
+from service.schemas import WorkItem, WorkResult
+
+DIM = 8
+LABELS = ["business", "sport", "tech"]
+
+
+def tiny_bundle(
+    m: int = 40, p_max: int = 6, seed: int = 0, encoder_dir: Path = Path("/nonexistent")
+) -> Bundle:
+    rng = np.random.default_rng(seed)
+    records = [
+        VariantRecord(
+            name=name,
+            recipe="paper",
+            dim=DIM,
+            candidates=m,
+            offset=n * m,
+            p_max=p_max,
+            directions_seed=seed,
+            labels_from="test",
+        )
+        for n, name in enumerate(("paper", "label-8d"))
+    ]
+    variants = tuple(
+        Variant(
+            record=record,
+            candidates=rng.normal(size=(m, DIM)),
+            directions=rng.normal(size=(p_max, DIM)),
+            candidate_class_probs=rng.dirichlet(np.ones(len(LABELS)), size=m),
+            recoder=None,
+        )
+        for record in records
+    )
+    manifest = BundleManifest(
+        name="sentdp-unit",
+        recipe="mixed",
+        created="2026-01-01T00:00:00+00:00",
+        corpus=CorpusRecord(
+            name="synthetic",
+            sha256="0" * 64,
+            source="tests",
+            is_public=True,
+            documents=m,
+            split_seed=0,
+            splits={"train": m},
+            labels=LABELS,
+        ),
+        encoder={"name": "hash"},
+        splitter={"name": "test"},
+        variants=records,
+        p_table=[
+            PChoice(epsilon=1.0, variant="label-8d", p=3),
+            PChoice(epsilon=5.0, variant="paper", p=6),
+        ],
+    )
+    return Bundle(manifest, variants, None, encoder_dir)
+
+
+def embed(sentence: str) -> np.ndarray:
+    """A pseudo-embedding that depends on the sentence alone."""
+    seed = int.from_bytes(hashlib.sha256(sentence.encode()).digest()[:8], "little")
+    return np.random.default_rng(seed).normal(size=DIM)
+
+
+@dataclass
+class FakeWorker:
+    """Runs the bundle's real mechanism; ``mode`` injects the failures of a real deployment.
+
+    ``ok``; ``not_run`` (refused before dispatch); ``after`` (fails after sampling);
+    ``partial`` (the first item fails before sampling, the others sample).
+    """
+
+    bundle: Bundle
+    mode: str = "ok"
+    journal: list[int] = field(default_factory=list)
+    calls: int = 0
+
+    async def __call__(self, items: list[WorkItem]) -> list[WorkResult]:
+        self.calls += 1
+        if self.mode == "not_run":
+            raise WorkerNotRunError("worker busy (cancelled before dispatch)")
+        results: list[WorkResult] = []
+        for n, item in enumerate(items):
+            if self.mode == "partial" and n == 0:
+                results.append(WorkResult(sampled=False, error="ValueError before sampling"))
+                continue
+            variant = self.bundle.variant(item.variant)
+            mechanism = DeepCandidate(variant.candidates, variant.directions)
+            sentences = np.stack([embed(s) for s in item.sentences])
+            plan = mechanism.plan_batch([sentences], [item.epsilon], [item.p])
+            self.journal.append(item.charge_id)
+            local = int(DeepCandidate.draw_plans(plan)[0])
+            results.append(WorkResult(candidate=variant.record.offset + local, sampled=True))
+        if self.mode == "after":
+            raise WorkerOutcomeUnknownError(Code.MECHANISM_FAILED, "injected fault after sampling")
+        return results

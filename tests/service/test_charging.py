@@ -1,0 +1,270 @@
+"""The charged-request flow with a real SQLite ledger and a fake worker that runs the real
+mechanism: reserve, refund and settle on every path, in seconds and without a server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sentdp.accounting import MICRO
+from sentdp.text import TextLimits
+from service.charging import ChargedRequest, Charging, Limits, Reply
+from service.ledger import SqlLedger, open_ledger
+from service.schemas import DocumentIn
+from service.tenants import Tenant
+from service.views import label_of
+from tests.service.fakes import FakeWorker, tiny_bundle
+
+BUNDLE = tiny_bundle()
+VERSION = "sentdp-unit:v1"
+ACME = Tenant(id="acme", key_sha256=["a" * 64], max_epsilon=10, group_size=1, budget=100)
+PAIRS = Tenant(id="pairs", key_sha256=["b" * 64], max_epsilon=10, group_size=2, budget=10)
+TEXT = "The striker scored twice. The crowd cheered. The manager was pleased."
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> SqlLedger:
+    opened = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    yield opened
+    opened.close()
+
+
+def charging(ledger: SqlLedger, worker: FakeWorker, max_documents: int = 4) -> Charging:
+    limits = Limits(max_documents, TextLimits(max_sentences=10, max_sentence_chars=200))
+    return Charging(BUNDLE, VERSION, ledger, worker, limits, b"k" * 32)
+
+
+def request(
+    user: str = "alice",
+    epsilon: float = 2.0,
+    documents: list[dict] | None = None,
+    tenant: Tenant = ACME,
+    **kwargs,
+) -> ChargedRequest:
+    docs = [DocumentIn.model_validate(d) for d in (documents or [{"text": TEXT}])]
+    return ChargedRequest(tenant=tenant, user=user, epsilon=epsilon, documents=docs, **kwargs)
+
+
+def run(flow: Charging, req: ChargedRequest) -> tuple[Reply, dict]:
+    reply = asyncio.run(flow.handle(req))
+    return reply, json.loads(reply.body)
+
+
+def states(ledger: SqlLedger) -> list[str]:
+    return [c["state"] for c in ledger.charges()]
+
+
+def assert_never_refunded_after_sampling(ledger: SqlLedger, worker: FakeWorker) -> None:
+    refunded = {c["id"] for c in ledger.charges() if c["state"] == "refunded"}
+    assert not refunded & set(worker.journal)
+
+
+def test_a_charged_request_releases_candidates_and_debits_once(ledger: SqlLedger) -> None:
+    worker = FakeWorker(BUNDLE)
+    docs = [{"text": TEXT}, {"sentences": ["One.", "Two."]}]
+    reply, body = run(charging(ledger, worker), request(epsilon=2.5, documents=docs))
+    assert reply.status == 200, body
+    choice = BUNDLE.manifest.choice_for(2.5)
+    assert [d["k"] for d in body["documents"]] == [3, 2]
+    for document in body["documents"]:
+        variant, local = BUNDLE.locate(document["candidate"])
+        assert variant.record.name == choice.variant == document["variant"]
+        np.testing.assert_array_equal(document["embedding"], variant.candidates[local])
+        assert (document["epsilon"], document["p"]) == (2.5, choice.p)
+        assert "label" not in document
+    assert body["model"] == VERSION
+    assert body["budget"]["spent_epsilon"] == 5.0
+    assert body["budget"]["remaining"] == 95.0
+    assert ledger.account("acme", "alice").spent_micro == 5 * MICRO
+    assert states(ledger) == ["final", "final"]
+
+
+def test_classify_adds_the_label_of_the_released_candidate(ledger: SqlLedger) -> None:
+    reply, body = run(charging(ledger, FakeWorker(BUNDLE)), request(with_labels=True))
+    assert reply.status == 200
+    (document,) = body["documents"]
+    expected = label_of(BUNDLE, document["candidate"])
+    assert (document["label"], document["probabilities"]) == (
+        expected.label,
+        expected.probabilities,
+    )
+
+
+def test_an_unaffordable_request_is_refused_whole_with_the_figures(ledger: SqlLedger) -> None:
+    flow = charging(ledger, FakeWorker(BUNDLE))
+    assert run(flow, request(tenant=PAIRS, epsilon=4.0))[0].status == 200  # 2 * 4 = 8 of 10
+    reply, body = run(flow, request(tenant=PAIRS, epsilon=0.5, documents=[{"text": "A."}] * 3))
+    assert reply.status == 402
+    assert body["error"] | {"message": ""} == {
+        "code": "budget_exhausted",
+        "message": "",
+        "requested": 1.5,
+        "spent_epsilon": 4.0,
+        "group_size": 2,
+        "limit": 10.0,
+        "remaining": 2.0,
+    }
+    assert ledger.account("pairs", "alice").spent_micro == 4 * MICRO
+    assert len(ledger.charges()) == 1  # nothing of the refused request was written
+    assert run(flow, request(tenant=PAIRS, epsilon=1.0))[0].status == 200  # exactly the limit
+
+
+def test_a_worker_that_did_not_run_refunds_everything_and_frees_the_key(
+    ledger: SqlLedger,
+) -> None:
+    worker = FakeWorker(BUNDLE, mode="not_run")
+    flow = charging(ledger, worker)
+    reply, body = run(flow, request(idempotency_key="k1", documents=[{"text": TEXT}] * 2))
+    assert reply.status == 503
+    assert body["error"]["code"] == "worker_unavailable"
+    assert body["error"]["released"] == []
+    assert states(ledger) == ["refunded", "refunded"]
+    assert ledger.account("acme", "alice").spent_micro == 0
+    worker.mode = "ok"
+    retried, _ = run(flow, request(idempotency_key="k1", documents=[{"text": TEXT}] * 2))
+    assert retried.status == 200
+    assert not retried.replayed
+    assert worker.calls == 2
+    assert ledger.account("acme", "alice").spent_micro == 4 * MICRO
+
+
+def test_a_worker_failure_after_sampling_keeps_every_charge(ledger: SqlLedger) -> None:
+    worker = FakeWorker(BUNDLE, mode="after")
+    reply, body = run(charging(ledger, worker), request(documents=[{"text": TEXT}] * 2))
+    assert reply.status == 500
+    assert body["error"]["code"] == "mechanism_failed"
+    assert states(ledger) == ["final", "final"]
+    assert ledger.account("acme", "alice").spent_micro == 4 * MICRO
+    assert len(worker.journal) == 2
+    assert_never_refunded_after_sampling(ledger, worker)
+
+
+def test_one_unsampled_item_refunds_only_itself(ledger: SqlLedger) -> None:
+    worker = FakeWorker(BUNDLE, mode="partial")
+    reply, body = run(charging(ledger, worker), request(documents=[{"text": TEXT}] * 3))
+    assert reply.status == 503
+    assert len(body["error"]["released"]) == 2
+    assert states(ledger) == ["refunded", "final", "final"]
+    assert ledger.account("acme", "alice").spent_micro == 4 * MICRO
+    assert_never_refunded_after_sampling(ledger, worker)
+
+
+def test_a_retry_with_the_same_key_replays_without_a_second_charge(ledger: SqlLedger) -> None:
+    worker = FakeWorker(BUNDLE)
+    flow = charging(ledger, worker)
+    first, _ = run(flow, request(idempotency_key="k"))
+    again, _ = run(flow, request(idempotency_key="k"))
+    assert (again.status, again.body, again.replayed) == (200, first.body, True)
+    assert worker.calls == 1
+    assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
+    other, body = run(flow, request(idempotency_key="k", epsilon=3.0))
+    assert (other.status, body["error"]["code"]) == (422, "idempotency_key_reused")
+    assert run(flow, request(idempotency_key="k", user="bob"))[0].status == 200  # per user
+
+
+def test_a_concurrent_duplicate_gets_409(ledger: SqlLedger) -> None:
+    gate = asyncio.Event()
+    inner = FakeWorker(BUNDLE)
+
+    async def slow(items):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return await inner(items)
+
+    flow = charging(ledger, slow)  # type: ignore[arg-type]
+
+    async def both() -> list[Reply]:
+        first = asyncio.create_task(flow.handle(request(idempotency_key="same")))
+        await asyncio.sleep(0.2)
+        second = await flow.handle(request(idempotency_key="same"))
+        gate.set()
+        return [await first, second]
+
+    first, second = asyncio.run(both())
+    assert first.status == 200
+    assert second.status == 409
+    assert json.loads(second.body)["error"]["code"] == "idempotency_key_in_flight"
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "documents", "key", "status", "code"),
+    [
+        (math.nan, None, None, 400, "invalid_epsilon"),
+        (-1.0, None, None, 400, "invalid_epsilon"),
+        (10.5, None, None, 400, "invalid_epsilon"),
+        (1e-9, None, None, 400, "invalid_epsilon"),
+        (1.0, [{"text": "A."}] * 5, None, 413, "too_many_documents"),
+        (1.0, [{"sentences": ["x"] * 11}], None, 413, "document_too_large"),
+        (1.0, [{"text": "   "}], None, 400, "invalid_document"),
+        (1.0, None, "", 400, "invalid_idempotency_key"),
+        (1.0, None, "bad\nkey", 400, "invalid_idempotency_key"),
+    ],
+)
+def test_invalid_requests_are_refused_before_anything_is_written(
+    ledger: SqlLedger,
+    epsilon: float,
+    documents: list[dict] | None,
+    key: str | None,
+    status: int,
+    code: str,
+) -> None:
+    worker = FakeWorker(BUNDLE)
+    flow = charging(ledger, worker)
+    reply, body = run(flow, request(epsilon=epsilon, documents=documents, idempotency_key=key))
+    assert (reply.status, body["error"]["code"]) == (status, code)
+    assert ledger.charges() == []
+    assert ledger.accounts() == []
+    assert worker.calls == 0
+
+
+def test_a_ledger_that_fails_on_reserve_charges_nothing(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    def broken(*args: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    worker = FakeWorker(BUNDLE)
+    flow = charging(ledger, worker)
+    monkeypatch.setattr(ledger, "reserve", broken)
+    reply, body = run(flow, request())
+    assert (reply.status, body["error"]["code"]) == (503, "ledger_unavailable")
+    assert worker.calls == 0
+
+
+def test_a_ledger_that_fails_on_settle_keeps_the_charge_counted(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("connection lost")
+
+    flow = charging(ledger, FakeWorker(BUNDLE))
+    monkeypatch.setattr(ledger, "settle", broken)
+    reply, _ = run(flow, request())
+    assert reply.status == 200  # the embedding was sampled: it is returned
+    assert states(ledger) == ["reserved"]  # still counted: over-charge, never under-charge
+    assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
+
+
+def test_the_log_holds_no_request_text(
+    ledger: SqlLedger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service import logs
+
+    logs.logger.handlers.clear()
+    logs.configure()
+    marker = "Zanzibar-marker-sentence"
+    flow = charging(ledger, FakeWorker(BUNDLE, mode="after"))
+    run(flow, request(user="u-marker", documents=[{"text": f"{marker}. Second one."}]))
+    run(flow, request(user="u-marker", epsilon=50.0, documents=[{"text": marker}]))
+    err = capsys.readouterr().err
+    events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert [e.get("status") for e in events if e.get("event") == "charged_request"] == [500, 400]
+    assert any("exception" in e for e in events)  # the failure was logged with its traceback
+    assert marker not in err
+    assert "u-marker" not in err

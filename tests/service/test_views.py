@@ -1,0 +1,121 @@
+"""Budget views, labels and free lookups: what a caller reads back, without a server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sentdp.accounting import MICRO, Charge, Policy
+from sentdp.errors import InputError
+from service.errors import STATUS, ApiError, Code
+from service.ledger import Account, BudgetExhaustedError
+from service.lookup import Lookups
+from service.tenants import TenantRegistry, TenantsFile, hash_key
+from service.views import budget_view, exhausted_error, label_of
+from tests.service.fakes import LABELS, tiny_bundle
+
+BUNDLE = tiny_bundle()
+
+
+def test_the_budget_view_in_group_epsilon() -> None:
+    view = budget_view(Account("t", "u", 3 * MICRO, 2, 1), Policy(2, 10 * MICRO))
+    assert view.model_dump() == {
+        "user": "u",
+        "spent_epsilon": 3.0,
+        "group_size": 2,
+        "group_epsilon": 6.0,
+        "limit": 10.0,
+        "remaining": 4.0,
+        "remaining_epsilon": 2.0,
+        "documents": 2,
+        "period": 1,
+    }
+
+
+def test_the_402_names_the_request_and_the_remainder() -> None:
+    refused = BudgetExhaustedError(
+        Account("t", "u", 4 * MICRO, 4, 0), Charge("deepcandidate", MICRO, 2), Policy(2, 10 * MICRO)
+    )
+    error = exhausted_error(refused)
+    assert error.status == 402
+    body = json.loads(error.json())["error"]
+    assert (body["requested"], body["remaining"], body["group_size"]) == (2.0, 2.0, 2)
+    assert "only 1 remains" in body["message"]
+
+
+def test_every_code_has_one_status_and_one_envelope() -> None:
+    assert set(STATUS) == set(Code)
+    error = ApiError(Code.TOO_MANY_DOCUMENTS, "too many", limit=4)
+    assert error.status == 413
+    assert error.body() == {
+        "error": {"code": "too_many_documents", "message": "too many", "limit": 4}
+    }
+
+
+def test_labels_are_the_argmax_of_the_candidate_class_table() -> None:
+    variant = BUNDLE.variants[1]
+    label = label_of(BUNDLE, variant.record.offset + 3)
+    assert label.label == LABELS[int(variant.candidate_class_probs[3].argmax())]
+    assert sum(label.probabilities.values()) == pytest.approx(1.0)
+    with pytest.raises(InputError, match="not in this bundle"):
+        label_of(BUNDLE, BUNDLE.manifest.candidates)
+
+
+def test_lookups_answer_only_for_versions_of_the_served_model(tmp_path: Path) -> None:
+    other_version = tmp_path / "v2"
+    (tmp_path / "encoder").mkdir()
+    tiny_bundle(encoder_dir=tmp_path / "encoder").save(other_version)
+    store = {
+        "sentdp-unit:v2": ("sentdp-unit", "v2", other_version),
+        "sentdp-unit:latest": ("sentdp-unit", "v2", other_version),
+        "other-model:v1": ("other-model", "v1", other_version),
+    }
+
+    def load(tag: str) -> tuple[str, str | None, Path]:
+        return store[tag]
+
+    lookups = Lookups(BUNDLE, "sentdp-unit:v1", load)
+    assert lookups.labels("sentdp-unit:v1", [0, 41]).labels[1].candidate == 41
+    assert lookups.labels("sentdp-unit:latest", [1]).model == "sentdp-unit:latest"
+    assert lookups.bundle("sentdp-unit:v2") is lookups.bundle("sentdp-unit:latest")
+    for unknown in ("other-model:v1", "missing:v9"):
+        with pytest.raises(ApiError) as refused:
+            lookups.labels(unknown, [0])
+        assert refused.value.code == Code.UNKNOWN_MODEL
+    with pytest.raises(ApiError) as refused:
+        lookups.labels("sentdp-unit:v1", [0, 10_000])
+    assert refused.value.code == Code.INVALID_CANDIDATE
+
+
+def test_tenants_file_keys_and_scoping(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.json"
+    content = {
+        "tenants": [
+            {"id": "a", "key_sha256": [hash_key("ka")], "max_epsilon": 5, "budget": 10},
+            {
+                "id": "b",
+                "key_sha256": [hash_key("kb")],
+                "max_epsilon": 5,
+                "group_size": 3,
+                "budget": 9,
+            },
+        ]
+    }
+    path.write_text(json.dumps(content))
+    registry = TenantRegistry.load(path)
+    assert registry.authenticate("ka").id == "a"
+    assert registry.authenticate("kb").policy == Policy(3, 9 * MICRO)
+    assert registry.authenticate("kc") is None
+    assert registry.authenticate(None) is None
+    shared = {
+        "tenants": [
+            content["tenants"][0],
+            {**content["tenants"][1], "key_sha256": [hash_key("ka")]},
+        ]
+    }
+    with pytest.raises(ValueError, match="one tenant only"):
+        TenantsFile.model_validate(shared)
+    with pytest.raises(FileNotFoundError, match="sentdp-admin new-key"):
+        TenantRegistry.load(tmp_path / "missing.json")
