@@ -6,7 +6,6 @@ epoch with the best validation macro-F1 (ties: the earlier epoch).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +15,8 @@ from sklearn.metrics import f1_score
 from torch import nn
 
 from sentdp.encoders import MLP
-from training.nets import batches, export_mlp, make_mlp
+from training.fitting import Schedule, fit
+from training.nets import export_mlp, make_mlp
 
 
 @dataclass(frozen=True)
@@ -50,26 +50,26 @@ def train_classifier(
     batch_size: int = 32,
     learning_rate: float = 1e-3,
 ) -> ClassifierResult:
+    """C at the epoch of best validation macro-F1 (ties: the earlier epoch; no early stop)."""
     dim = train_x.shape[1]
     model = make_mlp([dim, dim, dim, dim, n_classes])
-    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    rng = np.random.default_rng(seed)
     x = torch.from_numpy(train_x).float()
     y = torch.from_numpy(train_y)
     vx = torch.from_numpy(validation_x).float()
-    best = (-1.0, 0, copy.deepcopy(model.state_dict()))
-    for epoch in range(1, max_epochs + 1):
-        model.train()
-        for batch in batches(len(x), batch_size, rng):
-            loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
-            optimizer.zero_grad()
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-        model.eval()
-        with torch.no_grad():
-            predicted = model(vx).argmax(dim=1).numpy()
-        score = macro_f1(validation_y, predicted, n_classes)
-        if score > best[0]:
-            best = (score, epoch, copy.deepcopy(model.state_dict()))
-    model.load_state_dict(best[2])
-    return ClassifierResult(export_mlp(model), best[1], best[0])
+
+    def batch_loss(batch: npt.NDArray[np.int64]) -> torch.Tensor:
+        return nn.functional.cross_entropy(model(x[batch]), y[batch])
+
+    def validation_macro_f1() -> float:
+        return macro_f1(validation_y, model(vx).argmax(dim=1).numpy(), n_classes)
+
+    fitted = fit(
+        [model],
+        batch_loss,
+        validation_macro_f1,
+        len(x),
+        Schedule(max_epochs, batch_size, learning_rate),
+        seed,
+        higher_is_better=True,
+    )
+    return ClassifierResult(export_mlp(model), fitted.best_epoch, fitted.best_score)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -13,6 +15,13 @@ from training.datasets import REGISTRY
 from training.pipeline import TrainConfig, TrainReport, run_training
 from training.settings import load_settings
 from training.variants import RECIPES
+
+DEFAULTS: dict[str, Any] = {
+    f.name: f.default
+    for f in dataclasses.fields(TrainConfig)
+    if f.default is not dataclasses.MISSING
+}
+"""TrainConfig's defaults, so the flags' defaults cannot drift from the config's."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,10 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", help="BentoML model name[:version] (default sentdp-<corpus>)")
     parser.add_argument("--quick", action="store_true", help="small slice, for tests and demos")
-    parser.add_argument("--seed", type=int, default=0, help="split, k-means, H and V seed")
+    parser.add_argument(
+        "--seed", type=int, default=DEFAULTS["seed"], help="split, k-means, H and V seed"
+    )
     parser.add_argument(
         "--recipe",
-        default="paper",
+        default=DEFAULTS["recipe"],
         choices=list(RECIPES),
         help="paper: the unsupervised recipe (default, general purpose); label and vote: "
         "compact label-tuned variants; mixed: all of them. The p table picks a variant per "
@@ -41,12 +52,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         help="dimensions of the label-tuned variants (default 1 2 4 for two classes, else 2 4 8)",
     )
-    parser.add_argument("--clusters", type=int, default=50, help="k-means clusters n_c")
-    parser.add_argument("--candidates", type=int, default=5000, help="at most m candidates")
-    parser.add_argument("--epsilons", type=float, nargs="+", help="epsilon grid for the p table")
+    parser.add_argument(
+        "--clusters",
+        type=int,
+        default=DEFAULTS["n_clusters"],
+        help="k-means clusters n_c (default %(default)s)",
+    )
+    parser.add_argument(
+        "--candidates",
+        type=int,
+        default=DEFAULTS["max_candidates"],
+        help="at most m candidates (default %(default)s)",
+    )
+    grid = " ".join(f"{e:g}" for e in DEFAULTS["epsilons"])
+    parser.add_argument(
+        "--epsilons", type=float, nargs="+", help=f"epsilon grid for the p table (default {grid})"
+    )
     parser.add_argument("--per-class", type=int, help="use at most this many documents per class")
-    parser.add_argument("--text-column", default="text")
-    parser.add_argument("--label-column", default="label")
+    parser.add_argument("--text-column", default=DEFAULTS["text_column"])
+    parser.add_argument("--label-column", default=DEFAULTS["label_column"])
     parser.add_argument(
         "--corpus-is-public",
         action="store_true",
@@ -72,7 +96,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.quick:
         config = config.quick()
     if args.epsilons:
-        config = TrainConfig(**{**config.__dict__, "epsilons": tuple(sorted(args.epsilons))})
+        config = dataclasses.replace(config, epsilons=tuple(sorted(args.epsilons)))
     return config
 
 

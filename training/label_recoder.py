@@ -17,7 +17,6 @@ A candidate's class is L's argmax on it: post-processing of a public vector.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,7 +27,8 @@ from torch import nn
 
 from sentdp.encoders import MLP
 from training.embeddings import CorpusEmbeddings
-from training.nets import batches, export_mlp, make_mlp, segment_means
+from training.fitting import Schedule, fit
+from training.nets import export_mlp, make_mlp, segment_means
 
 
 @dataclass(frozen=True)
@@ -90,41 +90,34 @@ def train_label_recoder(
     documents_per_batch: int = 16,
     learning_rate: float = 1e-3,
 ) -> LabelRecoderResult:
+    """H with its class head L, at the epoch of lowest validation loss."""
     objective = objective or Objective()
     if objective.kind not in {"sentence", "vote"}:
         raise ValueError(f"unknown objective {objective.kind!r}")
     dim = embeddings.vectors.shape[1]
     recoder = make_mlp([dim, dim, dim, dim, output_dim])
     head = nn.Linear(output_dim, n_classes)
-    optimizer = torch.optim.Adam([*recoder.parameters(), *head.parameters()], lr=learning_rate)
     validation_batch = _documents(embeddings, validation_docs, y)
-    rng = np.random.default_rng(seed)
-    best = (float("inf"), 0, copy.deepcopy(recoder.state_dict()), copy.deepcopy(head.state_dict()))
-    for epoch in range(1, max_epochs + 1):
-        recoder.train()
-        for batch in batches(len(train_docs), documents_per_batch, rng):
-            rows, segments, labels = _documents(embeddings, [train_docs[i] for i in batch], y)
-            loss = _loss(objective, recoder, head, rows, segments, labels)
-            optimizer.zero_grad()
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-        recoder.eval()
-        with torch.no_grad():
-            validation = float(_loss(objective, recoder, head, *validation_batch))
-        if validation < best[0]:
-            best = (
-                validation,
-                epoch,
-                copy.deepcopy(recoder.state_dict()),
-                copy.deepcopy(head.state_dict()),
-            )
-        elif epoch - best[1] >= patience:
-            break
-    recoder.load_state_dict(best[2])
-    head.load_state_dict(best[3])
+
+    def batch_loss(batch: npt.NDArray[np.int64]) -> torch.Tensor:
+        rows, segments, labels = _documents(embeddings, [train_docs[i] for i in batch], y)
+        return _loss(objective, recoder, head, rows, segments, labels)
+
+    def validation_loss() -> float:
+        return float(_loss(objective, recoder, head, *validation_batch))
+
+    fitted = fit(
+        [recoder, head],
+        batch_loss,
+        validation_loss,
+        len(train_docs),
+        Schedule(max_epochs, documents_per_batch, learning_rate, patience),
+        seed,
+        higher_is_better=False,
+    )
     return LabelRecoderResult(
         recoder=export_mlp(recoder),
         head=export_mlp(nn.Sequential(head)),
-        best_epoch=best[1],
-        validation_loss=best[0],
+        best_epoch=fitted.best_epoch,
+        validation_loss=fitted.best_score,
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -44,8 +43,3 @@ def segment_means(rows: torch.Tensor, segments: torch.Tensor, count: int) -> tor
     sums.index_add_(0, segments, rows)
     sizes = torch.bincount(segments, minlength=count).clamp(min=1).to(rows.dtype)
     return sums / sizes[:, None]
-
-
-def batches(n: int, size: int, rng: np.random.Generator) -> list[np.ndarray]:
-    order = rng.permutation(n)
-    return [order[i : i + size] for i in range(0, n, size)]

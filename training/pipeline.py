@@ -7,32 +7,30 @@ import importlib.metadata
 import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.console import Console
 
-from sentdp.bundle import Bundle, BundleManifest, CorpusRecord, Variant
+from sentdp.bundle import Bundle, BundleManifest, CorpusRecord, PChoice, Variant
 from sentdp.encoders import SentenceEncoder, recode
-from sentdp.errors import InputError
 from sentdp.text import SentenceSplitter, TextLimits
 from training.candidates import choose_candidates
 from training.classifiers import train_classifier
-from training.datasets import (
-    REGISTRY,
-    Corpus,
-    Splits,
-    load_user_corpus,
-    stratified_splits,
-    subsample_per_class,
-)
+from training.corpora import CorpusSpec, load_corpus
+from training.datasets import Corpus, Splits, stratified_splits
 from training.embeddings import CorpusEmbeddings, embed_corpus
 from training.nets import seed_everything
 from training.p_selection import DEFAULT_EPSILONS, DEFAULT_PS, Option, choose_p
 from training.settings import TrainingSettings
 from training.store import save_to_store
-from training.variants import TrainingData, build_variant, default_label_dims, specs_for
+from training.variants import (
+    TrainingData,
+    VariantSpec,
+    build_variant,
+    default_label_dims,
+    specs_for,
+)
 
 VERSIONED_PACKAGES = (
     "sentdp",
@@ -80,6 +78,18 @@ class TrainConfig:
             max_epochs=min(self.max_epochs, 4),
         )
 
+    def corpus_spec(self) -> CorpusSpec:
+        """The corpus part of the config (evaluation rebuilds it from the manifest)."""
+        return CorpusSpec(
+            dataset=self.dataset,
+            seed=self.seed,
+            per_class=self.per_class,
+            corpus_is_public=self.corpus_is_public,
+            text_column=self.text_column,
+            label_column=self.label_column,
+            limits=self.limits,
+        )
+
 
 @dataclass
 class TrainReport:
@@ -99,24 +109,6 @@ def model_name(config: TrainConfig, corpus: Corpus) -> str:
     return f"sentdp-{corpus.name}{suffix}"
 
 
-def load_corpus(config: TrainConfig, settings: TrainingSettings) -> Corpus:
-    if config.dataset in REGISTRY:
-        corpus = REGISTRY[config.dataset](settings.cache_dir, config.limits)
-    else:
-        path = Path(config.dataset)
-        if not path.exists():
-            raise InputError(
-                f"unknown dataset {config.dataset!r}: use one of {sorted(REGISTRY)} or a path "
-                "to a CSV/JSONL file"
-            )
-        corpus = load_user_corpus(
-            path, config.text_column, config.label_column, config.corpus_is_public, config.limits
-        )
-    if config.per_class is not None:
-        corpus = subsample_per_class(corpus, config.per_class, config.seed)
-    return corpus
-
-
 def library_versions() -> dict[str, str]:
     versions = {}
     for package in VERSIONED_PACKAGES:
@@ -133,7 +125,7 @@ def run_training(
     """Train a bundle and save it to the BentoML store; every choice is made on validation."""
     console = console or Console(stderr=True)
     started = time.perf_counter()
-    corpus = load_corpus(config, settings)
+    corpus = load_corpus(config.corpus_spec(), settings)
     splits = stratified_splits(corpus, config.seed)
     console.print(
         f"corpus {corpus.name}: {len(corpus.documents)} documents ({corpus.removed_duplicates} "
@@ -143,17 +135,8 @@ def run_training(
     seed_everything(config.seed, settings.threads)
     encoder = SentenceEncoder(settings.encoder_dir, settings.device, settings.encode_batch_size)
     splitter = SentenceSplitter().describe() | {"sentences_from": corpus.sentences_from}
-    embeddings = embed_corpus(corpus, encoder, settings.cache_dir, splitter, console.is_terminal)
-    if embeddings.from_cache:
-        console.print("sentence embeddings: reused from the cache")
-    else:
-        rate = len(embeddings.vectors) / max(embeddings.seconds, 1e-9)
-        console.print(
-            f"sentence embeddings: {len(embeddings.vectors)} sentences in "
-            f"{embeddings.seconds:.1f} s ({rate:.0f} sentences/s)"
-        )
+    embeddings = _embed(corpus, encoder, settings, splitter, console)
     bundle, scores = build_bundle(config, corpus, splits, encoder, embeddings, splitter, console)
-    name = model_name(config, corpus)
     metadata = {
         "corpus": corpus.name,
         "corpus_sha256": corpus.sha256,
@@ -166,11 +149,31 @@ def run_training(
         "validation": scores,
         "versions": bundle.manifest.versions,
     }
-    tag = save_to_store(bundle, name, metadata)
+    tag = save_to_store(bundle, model_name(config, corpus), metadata)
     total = time.perf_counter() - started
     return TrainReport(
         tag, bundle, corpus, total, embeddings.seconds, embeddings.from_cache, scores
     )
+
+
+def _embed(
+    corpus: Corpus,
+    encoder: SentenceEncoder,
+    settings: TrainingSettings,
+    splitter: dict[str, str],
+    console: Console,
+) -> CorpusEmbeddings:
+    """Every sentence's G embedding, from the cache when the same corpus was encoded before."""
+    embeddings = embed_corpus(corpus, encoder, settings.cache_dir, splitter, console.is_terminal)
+    if embeddings.from_cache:
+        console.print("sentence embeddings: reused from the cache")
+    else:
+        rate = len(embeddings.vectors) / max(embeddings.seconds, 1e-9)
+        console.print(
+            f"sentence embeddings: {len(embeddings.vectors)} sentences in "
+            f"{embeddings.seconds:.1f} s ({rate:.0f} sentences/s)"
+        )
+    return embeddings
 
 
 def build_bundle(
@@ -182,10 +185,52 @@ def build_bundle(
     splitter: dict[str, str],
     console: Console,
 ) -> tuple[Bundle, dict[str, Any]]:
-    """Every variant of the recipe, C_nonpriv, and the (variant, p) table from cached embeddings."""
+    """Every variant of the recipe, C_nonpriv, and the (variant, p) table from cached embeddings.
+
+    The steps run in a fixed order (candidates, C_nonpriv, then each variant) because every
+    network draws its initial weights from torch's seeded global generator.
+    """
+    data = training_data(config, corpus, splits, embeddings)
+    c_nonpriv = train_classifier(
+        embeddings.means(data.train),
+        data.y[data.train],
+        embeddings.means(data.validation),
+        data.y[data.validation],
+        data.n_classes,
+        config.seed,
+        config.max_epochs,
+    )
+    specs = specs_for(config.recipe, config.label_dims or default_label_dims(data.n_classes))
+    variants, variant_scores = train_variants(specs, data, console)
+    p_table, grid = choose_ps(specs, variants, data, config)
+    scores: dict[str, Any] = {
+        "validation_macro_f1": {
+            "nonprivate": c_nonpriv.validation_macro_f1,
+            "deepcandidate": {f"{c.epsilon:g}": c.validation_macro_f1 for c in p_table},
+        },
+        "choice_by_epsilon": {f"{c.epsilon:g}": f"{c.variant} p={c.p}" for c in p_table},
+        "variants": variant_scores,
+        "validation_grid": grid,
+    }
+    manifest = bundle_manifest(
+        config, corpus, splits, encoder, splitter, data, variants, p_table, scores
+    )
+    bundle = Bundle(
+        manifest=manifest,
+        variants=tuple(variants),
+        classifier_nonpriv=c_nonpriv.classifier,
+        encoder_dir=encoder.path,
+    )
+    return bundle, scores
+
+
+def training_data(
+    config: TrainConfig, corpus: Corpus, splits: Splits, embeddings: CorpusEmbeddings
+) -> TrainingData:
+    """What every variant trains on: labels, splits, the shared candidate documents."""
     label_index = {label: i for i, label in enumerate(corpus.labels)}
     y = np.array([label_index[d.label] for d in corpus.documents], dtype=np.int64)
-    data = TrainingData(
+    return TrainingData(
         embeddings=embeddings,
         y=y,
         train=list(splits.train),
@@ -199,46 +244,54 @@ def build_bundle(
         ),
         p_max=config.p_max,
     )
-    c_nonpriv = train_classifier(
-        embeddings.means(data.train),
-        y[data.train],
-        embeddings.means(data.validation),
-        y[data.validation],
-        data.n_classes,
-        config.seed,
-        config.max_epochs,
-    )
+
+
+def train_variants(
+    specs: list[VariantSpec], data: TrainingData, console: Console
+) -> tuple[list[Variant], dict[str, Any]]:
+    """Each variant in turn, its candidates placed after the previous variants' in F."""
     variants: list[Variant] = []
-    variant_scores: dict[str, Any] = {}
+    scores: dict[str, Any] = {}
     offset = 0
-    dims = config.label_dims or default_label_dims(data.n_classes)
-    specs = specs_for(config.recipe, dims)
     for spec in specs:
         variant, trained = build_variant(spec, data, offset, console)
         variants.append(variant)
-        variant_scores[spec.name] = trained
+        scores[spec.name] = trained
         offset += variant.record.candidates
+    return variants, scores
+
+
+def choose_ps(
+    specs: list[VariantSpec], variants: list[Variant], data: TrainingData, config: TrainConfig
+) -> tuple[list[PChoice], dict[str, dict[str, list[float]]]]:
+    """The (variant, p) of best expected validation macro-F1 for every epsilon of the grid."""
     options = [
         Option(
             variant=v.record.name,
             mechanism=v.mechanism(),
-            documents=[recode(v.recoder, embeddings.document(i)) for i in data.validation],
+            documents=[recode(v.recoder, data.embeddings.document(i)) for i in data.validation],
             candidate_labels=v.candidate_labels(),
             ps=spec.ps(config.ps),
         )
         for v, spec in zip(variants, specs, strict=True)
     ]
-    p_table, grid = choose_p(options, list(y[data.validation]), data.n_classes, config.epsilons)
-    scores: dict[str, Any] = {
-        "validation_macro_f1": {
-            "nonprivate": c_nonpriv.validation_macro_f1,
-            "deepcandidate": {f"{c.epsilon:g}": c.validation_macro_f1 for c in p_table},
-        },
-        "choice_by_epsilon": {f"{c.epsilon:g}": f"{c.variant} p={c.p}" for c in p_table},
-        "variants": variant_scores,
-        "validation_grid": grid,
-    }
-    manifest = BundleManifest(
+    truth = list(data.y[data.validation])
+    return choose_p(options, truth, data.n_classes, config.epsilons)
+
+
+def bundle_manifest(
+    config: TrainConfig,
+    corpus: Corpus,
+    splits: Splits,
+    encoder: SentenceEncoder,
+    splitter: dict[str, str],
+    data: TrainingData,
+    variants: list[Variant],
+    p_table: list[PChoice],
+    scores: dict[str, Any],
+) -> BundleManifest:
+    """Everything needed to load, audit and reproduce the bundle."""
+    return BundleManifest(
         name=model_name(config, corpus),
         recipe=config.recipe,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -268,10 +321,3 @@ def build_bundle(
             },
         },
     )
-    bundle = Bundle(
-        manifest=manifest,
-        variants=tuple(variants),
-        classifier_nonpriv=c_nonpriv.classifier,
-        encoder_dir=encoder.path,
-    )
-    return bundle, scores

@@ -8,7 +8,6 @@ early when the validation loss has not improved for ``patience`` epochs; the bes
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +20,8 @@ from torch import nn
 
 from sentdp.encoders import MLP
 from training.embeddings import CorpusEmbeddings
-from training.nets import batches, export_mlp, make_mlp, segment_means
+from training.fitting import Schedule, fit
+from training.nets import export_mlp, make_mlp, segment_means
 
 
 @dataclass(frozen=True)
@@ -82,37 +82,41 @@ def train_recoder(
     batch_size: int = 32,
     learning_rate: float = 1e-3,
 ) -> RecoderResult:
+    """H with its cluster head L, at the epoch of lowest validation loss."""
     dim = embeddings.vectors.shape[1]
     n_clusters = int(max(train_clusters.max(), validation_clusters.max())) + 1
     recoder = make_mlp([dim, dim, dim, dim, output_dim])
     head = nn.Linear(output_dim, n_clusters)
-    optimizer = torch.optim.Adam([*recoder.parameters(), *head.parameters()], lr=learning_rate)
-    rng = np.random.default_rng(seed)
     train_targets = torch.from_numpy(train_clusters)
     validation_targets = torch.from_numpy(validation_clusters)
-    best = (float("inf"), 0.0, 0, copy.deepcopy(recoder.state_dict()))
-    epoch = 0
-    for epoch in range(1, max_epochs + 1):
-        recoder.train()
-        for batch in batches(len(train_docs), batch_size, rng):
-            loss, _ = _loss(
-                recoder, head, embeddings, [train_docs[i] for i in batch], train_targets[batch]
-            )
-            optimizer.zero_grad()
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-        recoder.eval()
-        with torch.no_grad():
-            val_loss, logits = _loss(
-                recoder, head, embeddings, list(validation_docs), validation_targets
-            )
-        accuracy = float((logits.argmax(dim=1) == validation_targets).float().mean())
-        if float(val_loss) < best[0]:
-            best = (float(val_loss), accuracy, epoch, copy.deepcopy(recoder.state_dict()))
-        elif epoch - best[2] >= patience:
-            break
-    recoder.load_state_dict(best[3])
-    return RecoderResult(export_mlp(recoder), epoch, best[2], best[0], best[1])
+    accuracies = [0.0]  # validation cluster accuracy after each epoch (index 0: untrained)
+
+    def batch_loss(batch: npt.NDArray[np.int64]) -> torch.Tensor:
+        docs = [train_docs[i] for i in batch]
+        return _loss(recoder, head, embeddings, docs, train_targets[batch])[0]
+
+    def validation_loss() -> float:
+        loss, logits = _loss(recoder, head, embeddings, list(validation_docs), validation_targets)
+        accuracies.append(float((logits.argmax(dim=1) == validation_targets).float().mean()))
+        return float(loss)
+
+    schedule = Schedule(max_epochs, batch_size, learning_rate, patience)
+    fitted = fit(
+        [recoder, head],
+        batch_loss,
+        validation_loss,
+        len(train_docs),
+        schedule,
+        seed,
+        higher_is_better=False,
+    )
+    return RecoderResult(
+        export_mlp(recoder),
+        fitted.epochs,
+        fitted.best_epoch,
+        fitted.best_score,
+        accuracies[fitted.best_epoch],
+    )
 
 
 def recoded_means(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from training.evaluate import EvalConfig, run_evaluation
-from training.report import write_report
+from evaluation.experiment import EvalConfig, run_evaluation
+from evaluation.report import write_report
 from training.settings import load_settings
 from training.store import load_from_store
 
@@ -23,7 +24,8 @@ def test_quick_evaluation_writes_tables_plots_and_json(
         trials=2, epsilons=(1.0, 10.0), k_epsilon=10.0, mdp_documents=8, max_test_documents=20
     )
     results = run_evaluation([bundle], load_settings(), config, log=lambda _: None)
-    paths = write_report(results, tmp_path, "sentdp-eval --model x --quick")
+    command = "sentdp-eval --model x --quick"
+    paths = write_report(dataclasses.replace(results, command=command), tmp_path)
     assert {p.name for p in paths} == {"results.json", "report.md", "eps_sweep.png", "k_sweep.png"}
     for png in ("eps_sweep.png", "k_sweep.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

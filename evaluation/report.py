@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from evaluation.results import DEEPCANDIDATE, EvaluationResults, Score, epsilon_key
+
 LABELS = {
     "truncation": "Truncation (SentDP)",
     "word_mdp": "Word-level metric DP",
@@ -21,60 +23,72 @@ STYLES = {
 }
 
 
-def write_report(results: dict[str, Any], out: Path, command: str) -> list[Path]:
-    """Write every file; return their paths."""
+RESULTS = "results.json"
+
+
+def read_results(out: Path) -> EvaluationResults:
+    """The results a report folder holds (what ``--render-only`` redraws from)."""
+    return EvaluationResults.from_json(json.loads((out / RESULTS).read_text()))
+
+
+def write_report(results: EvaluationResults, out: Path) -> list[Path]:
+    """Write results.json, report.md and both plots into ``out``; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / RESULTS).write_text(json.dumps(results.to_json(), indent=2))
     plots = [_eps_plot(results, out / "eps_sweep.png"), _k_plot(results, out / "k_sweep.png")]
-    (out / "report.md").write_text(_markdown(results, command))
-    return [out / "results.json", out / "report.md", *plots]
+    (out / "report.md").write_text(_markdown(results))
+    return [out / RESULTS, out / "report.md", *plots]
 
 
-def label_of(method: str, results: dict[str, Any]) -> str:
-    if method.startswith("deepcandidate:"):
-        name = method.split(":", 1)[1]
-        return f"DeepCandidate, {results['models'][name]} recipe ({name})"
+def label_of(method: str, results: EvaluationResults) -> str:
+    if method.startswith(DEEPCANDIDATE):
+        name = method.removeprefix(DEEPCANDIDATE)
+        return f"DeepCandidate, {results.models[name]} recipe ({name})"
     return LABELS[method]
 
 
-def style_of(method: str, results: dict[str, Any]) -> tuple[str, str, str]:
-    if method.startswith("deepcandidate:"):
-        rank = [m for m in results["methods"] if m.startswith("deepcandidate:")].index(method)
+def style_of(method: str, results: EvaluationResults) -> tuple[str, str, str]:
+    if method.startswith(DEEPCANDIDATE):
+        rank = [m for m in results.methods if m.startswith(DEEPCANDIDATE)].index(method)
         return DEEPCANDIDATE_COLORS[rank % len(DEEPCANDIDATE_COLORS)], "o", "-"
     return STYLES[method]
 
 
-def _cell(entry: dict[str, Any] | None) -> str:
+def _cell(entry: Score | None) -> str:
     if entry is None:
         return "n/a"
-    return f"{entry['mean']:.3f} ± {entry['sd']:.3f}"
+    return f"{entry.mean:.3f} ± {entry.sd:.3f}"
 
 
-def _markdown(results: dict[str, Any], command: str) -> str:
-    eps = [f"{e:g}" for e in results["epsilons"]]
+def _command(results: EvaluationResults) -> str:
+    return "sentdp-eval" if results.command is None else results.command
+
+
+def _markdown(results: EvaluationResults) -> str:
+    eps = [epsilon_key(e) for e in results.epsilons]
     lines = [
-        f"# {results['corpus']}: macro-F1 on the test split",
+        f"# {results.corpus}: macro-F1 on the test split",
         "",
-        f"{results['test_documents']} test documents, {results['trials']} trials per "
-        f"method and epsilon (mean ± sd). Wall time {results['seconds']:.0f} s.",
+        f"{results.test_documents} test documents, {results.trials} trials per "
+        f"method and epsilon (mean ± sd). Wall time {results.seconds:.0f} s.",
         "",
-        f"Reproduce: `{command}`",
+        f"Reproduce: `{_command(results)}`",
         "",
         "## epsilon sweep",
         "",
         "| method | " + " | ".join(f"ε={e}" for e in eps) + " |",
         "|---|" + "---|" * len(eps),
     ]
-    for method in results["methods"]:
-        row = results["eps_sweep"][method]
+    for method in results.methods:
+        row = results.eps_sweep[method]
         lines.append(
             f"| {label_of(method, results)} | " + " | ".join(_cell(row.get(e)) for e in eps) + " |"
         )
     lines.append("")
-    for method in results["methods"]:
-        if method.startswith("deepcandidate:"):
-            chosen = [results["eps_sweep"][method][e] for e in eps]
-            ps = [f"{c['variant']} p={c['p']}" for c in chosen]
+    for method in results.methods:
+        if method.startswith(DEEPCANDIDATE):
+            chosen = [results.eps_sweep[method][e] for e in eps]
+            ps = [f"{c.variant} p={c.p}" for c in chosen]
             lines.append(
                 f"- {label_of(method, results)}: variant and p chosen on validation per ε: "
                 + ", ".join(f"ε={e}: {p}" for e, p in zip(eps, ps, strict=True))
@@ -83,23 +97,23 @@ def _markdown(results: dict[str, Any], command: str) -> str:
     lines += [
         "![epsilon sweep](eps_sweep.png)",
         "",
-        f"## k sweep at ε = {results['k_epsilon']:g}",
+        f"## k sweep at ε = {results.k_epsilon:g}",
         "",
-        "| method | " + " | ".join(f"k {b}" for b in results["k_sweep"]["bins"]) + " |",
-        "|---|" + "---|" * len(results["k_sweep"]["bins"]),
+        "| method | " + " | ".join(f"k {b}" for b in results.k_sweep.bins) + " |",
+        "|---|" + "---|" * len(results.k_sweep.bins),
     ]
-    for method, rows in results["k_sweep"]["methods"].items():
+    for method, rows in results.k_sweep.methods.items():
         label = label_of(method, results)
         lines.append(f"| {label} | " + " | ".join(_cell(r) for r in rows) + " |")
-    counts = results["k_sweep"]["methods"][results["methods"][0]]
+    counts = results.k_sweep.methods[results.methods[0]]
     lines.append(
         "| documents per bin | "
-        + " | ".join(str(r["documents"]) if r else "<5" for r in counts)
+        + " | ".join(str(r.documents) if r else "<5" for r in counts)
         + " |"
     )
     lines += ["", "![k sweep](k_sweep.png)", ""]
-    if results.get("notes"):
-        lines += ["## Notes", ""] + [f"- {note}" for note in results["notes"]] + [""]
+    if results.notes:
+        lines += ["## Notes", ""] + [f"- {note}" for note in results.notes] + [""]
     return "\n".join(lines)
 
 
@@ -113,13 +127,12 @@ def _axes() -> tuple[Any, Any]:
     return figure, axes
 
 
-def _eps_plot(results: dict[str, Any], path: Path) -> Path:
+def _eps_plot(results: EvaluationResults, path: Path) -> Path:
     figure, axes = _axes()
-    eps = results["epsilons"]
-    for method in results["methods"]:
-        row = results["eps_sweep"][method]
-        means = [row[f"{e:g}"]["mean"] for e in eps]
-        sds = [row[f"{e:g}"]["sd"] for e in eps]
+    eps = list(results.epsilons)
+    for method in results.methods:
+        means = [results.score(method, e).mean for e in eps]
+        sds = [results.score(method, e).sd for e in eps]
         color, marker, line = style_of(method, results)
         label = label_of(method, results)
         axes.plot(eps, means, marker=marker, linestyle=line, color=color, label=label)
@@ -133,21 +146,21 @@ def _eps_plot(results: dict[str, Any], path: Path) -> Path:
     axes.set_xscale("log")
     axes.set_xticks(eps, [f"{e:g}" for e in eps])
     axes.set_xlabel("ε")
-    return _finish(figure, axes, f"{results['corpus']}: sweep ε", path)
+    return _finish(figure, axes, f"{results.corpus}: sweep ε", path)
 
 
-def _k_plot(results: dict[str, Any], path: Path) -> Path:
+def _k_plot(results: EvaluationResults, path: Path) -> Path:
     figure, axes = _axes()
-    bins = results["k_sweep"]["bins"]
-    for method, rows in results["k_sweep"]["methods"].items():
+    bins = results.k_sweep.bins
+    for method, rows in results.k_sweep.methods.items():
         points = [(n, r) for n, r in enumerate(rows) if r is not None]
         if not points:
             continue
         color, marker, line = style_of(method, results)
         axes.errorbar(
             [n for n, _ in points],
-            [r["mean"] for _, r in points],
-            yerr=[r["sd"] for _, r in points],
+            [r.mean for _, r in points],
+            yerr=[r.sd for _, r in points],
             marker=marker,
             linestyle=line,
             color=color,
@@ -156,7 +169,7 @@ def _k_plot(results: dict[str, Any], path: Path) -> Path:
         )
     axes.set_xticks(range(len(bins)), bins)
     axes.set_xlabel("sentences per document (k)")
-    title = f"{results['corpus']}: sweep k at ε = {results['k_epsilon']:g}"
+    title = f"{results.corpus}: sweep k at ε = {results.k_epsilon:g}"
     return _finish(figure, axes, title, path)
 
 

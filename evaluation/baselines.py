@@ -1,4 +1,4 @@
-"""The paper's baselines, for evaluation only (the service never uses them).
+"""The paper's baselines, for evaluation only (neither training nor the service uses them).
 
 * Truncation (Li and Clifton 2021, as in the paper): clip every sentence embedding to the
   central 75% interval of each dimension of public training document embeddings, average, add

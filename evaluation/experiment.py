@@ -13,36 +13,40 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 
-from sentdp.baselines import TruncationBox, WordMetricDP, random_guess_macro_f1
+from evaluation.baselines import TruncationBox, WordMetricDP, random_guess_macro_f1
+from evaluation.results import (
+    EvaluationResults,
+    KSweep,
+    MethodScores,
+    Score,
+    deepcandidate_method,
+    epsilon_key,
+)
 from sentdp.bundle import Bundle
 from sentdp.encoders import SentenceEncoder, recode
 from sentdp.mechanism import sample_from_utilities
 from training.classifiers import macro_f1, train_classifier
+from training.corpora import CorpusSpec, load_corpus
 from training.datasets import Corpus, Splits, load_glove, stratified_splits
 from training.embeddings import CorpusEmbeddings, embed_corpus
 from training.nets import seed_everything
 from training.p_selection import DEFAULT_EPSILONS
-from training.pipeline import TrainConfig, load_corpus
 from training.settings import TrainingSettings
 
 K_BINS = ((2, 5), (6, 10), (11, 15), (16, 20), (21, 30), (31, 45), (46, 10_000))
 BASELINES = ("truncation", "word_mdp", "nonprivate", "random_guess")
 
 
-def deepcandidate_key(bundle: Bundle) -> str:
-    return f"deepcandidate:{bundle.manifest.name}"
-
-
 @dataclass(frozen=True)
 class EvalConfig:
+    """How thoroughly to evaluate; ``sentdp-eval`` builds one from its flags."""
+
     trials: int = 5
     epsilons: tuple[float, ...] = DEFAULT_EPSILONS
     k_epsilon: float = 10.0
@@ -50,6 +54,10 @@ class EvalConfig:
     mdp_vocabulary: int = 20_000
     seed: int = 0
     max_test_documents: int | None = None
+
+    def quick(self) -> EvalConfig:
+        """A small, fast evaluation for tests and smoke runs (same code path)."""
+        return replace(self, trials=2, mdp_documents=10, max_test_documents=20)
 
 
 @dataclass
@@ -60,22 +68,16 @@ class Predictions:
     trials: list[npt.NDArray[np.int64]] = field(default_factory=list)
 
 
-def summary(values: Sequence[float]) -> dict[str, Any]:
-    mean = statistics.fmean(values)
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return {"mean": mean, "sd": sd, "trials": list(values)}
-
-
 def evaluation_corpus(bundle: Bundle, settings: TrainingSettings) -> tuple[Corpus, Splits]:
     """The bundle's corpus and splits, rebuilt exactly as at training time."""
     extra = bundle.manifest.extra
-    config = TrainConfig(
+    spec = CorpusSpec(
         dataset=str(extra.get("dataset", bundle.manifest.corpus.name)),
         per_class=extra.get("per_class"),
         seed=bundle.manifest.corpus.split_seed,
         corpus_is_public=bundle.manifest.corpus.is_public,
     )
-    corpus = load_corpus(config, settings)
+    corpus = load_corpus(spec, settings)
     return corpus, stratified_splits(corpus, bundle.manifest.corpus.split_seed)
 
 
@@ -84,7 +86,7 @@ def run_evaluation(
     settings: TrainingSettings,
     config: EvalConfig,
     log: Callable[[str], None] = print,
-) -> dict[str, Any]:
+) -> EvaluationResults:
     """Score every bundle's DeepCandidate and the baselines on the same test documents.
 
     The bundles must come from the same corpus and split seed (e.g. the paper's recipe and a
@@ -92,29 +94,41 @@ def run_evaluation(
     """
     started = time.perf_counter()
     seed_everything(config.seed, settings.threads)
+    _check_same_corpus(bundles)
     bundle = bundles[0]
-    key = (bundle.manifest.corpus.sha256, bundle.manifest.corpus.split_seed)
-    for other in bundles[1:]:
-        if (other.manifest.corpus.sha256, other.manifest.corpus.split_seed) != key or (
-            other.manifest.extra.get("per_class") != bundle.manifest.extra.get("per_class")
-        ):
-            raise ValueError("bundles evaluated together must share corpus and splits")
     corpus, splits = evaluation_corpus(bundle, settings)
     encoder = SentenceEncoder(bundle.encoder_dir, settings.device, settings.encode_batch_size)
     embeddings = embed_corpus(
         corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter), show_progress=False
     )
     run = Experiment(bundle, corpus, splits, encoder, embeddings, settings, config, log)
-    run.results["models"] = {b.manifest.name: b.manifest.recipe for b in bundles}
-    run.results["methods"] = [deepcandidate_key(b) for b in bundles] + list(BASELINES)
     run.nonprivate_and_guess()
     for each in bundles:
         run.deepcandidate(each)
     run.truncation()
     run.word_mdp()
-    run.results["k_sweep"] = run.k_sweep()
-    run.results["seconds"] = time.perf_counter() - started
-    return run.results
+    return EvaluationResults(
+        models={b.manifest.name: b.manifest.recipe for b in bundles},
+        corpus=corpus.name,
+        test_documents=len(run.test),
+        epsilons=config.epsilons,
+        trials=config.trials,
+        k_epsilon=config.k_epsilon,
+        methods=[deepcandidate_method(b.manifest.name) for b in bundles] + list(BASELINES),
+        eps_sweep=run.eps_sweep,
+        notes=run.notes,
+        k_sweep=run.k_sweep(),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _check_same_corpus(bundles: Sequence[Bundle]) -> None:
+    def corpus_of(bundle: Bundle) -> tuple[str, int, object]:
+        manifest = bundle.manifest
+        return manifest.corpus.sha256, manifest.corpus.split_seed, manifest.extra.get("per_class")
+
+    if len({corpus_of(b) for b in bundles}) > 1:
+        raise ValueError("bundles evaluated together must share corpus and splits")
 
 
 class Experiment:
@@ -141,15 +155,8 @@ class Experiment:
         self.n_classes = len(corpus.labels)
         self.predictions: dict[str, Predictions] = {}
         self.guess = random_guess_macro_f1(self.y[splits.train], self.n_classes)
-        self.results: dict[str, Any] = {
-            "corpus": corpus.name,
-            "test_documents": len(self.test),
-            "epsilons": list(config.epsilons),
-            "trials": config.trials,
-            "k_epsilon": config.k_epsilon,
-            "eps_sweep": defaultdict(dict),
-            "notes": [],
-        }
+        self.eps_sweep: dict[str, MethodScores] = {}
+        self.notes: list[str] = []
 
     def score(
         self,
@@ -157,15 +164,17 @@ class Experiment:
         epsilon: float,
         documents: list[int],
         predicted: list[npt.NDArray[np.int64]],
-        extra: dict[str, Any] | None = None,
+        variant: str | None = None,
+        p: int | None = None,
     ) -> None:
         """Record macro-F1 mean and sd over the trials' predictions, and keep the predictions
         at ``k_epsilon`` for the k sweep."""
-        values = [macro_f1(self.y[documents], p, self.n_classes) for p in predicted]
-        self.results["eps_sweep"][method][f"{epsilon:g}"] = summary(values) | (extra or {})
+        values = [macro_f1(self.y[documents], t, self.n_classes) for t in predicted]
+        score = Score.of(values, p=p, variant=variant)
+        self.eps_sweep.setdefault(method, {})[epsilon_key(epsilon)] = score
         if epsilon == self.config.k_epsilon:
             self.predictions[method] = Predictions(documents, predicted)
-        described = " ".join(f"{k}={v}" for k, v in (extra or {}).items())
+        described = f"variant={variant} p={p}" if variant is not None else ""
         self.log(f"{method} eps={epsilon:g} {described}: {statistics.fmean(values):.3f}")
 
     def rng(self, trial: int, epsilon: float, stream: int) -> np.random.Generator:
@@ -178,7 +187,8 @@ class Experiment:
         predicted = np.argmax(classifier(self.embeddings.means(self.test)), axis=1)
         for epsilon in self.config.epsilons:
             self.score("nonprivate", epsilon, self.test, [predicted])
-            self.results["eps_sweep"]["random_guess"][f"{epsilon:g}"] = summary([self.guess])
+            guess = Score.of([self.guess])
+            self.eps_sweep.setdefault("random_guess", {})[epsilon_key(epsilon)] = guess
 
     def deepcandidate(self, bundle: Bundle) -> None:
         utilities: dict[tuple[str, int], list[npt.NDArray[np.float64]]] = {}
@@ -199,8 +209,8 @@ class Experiment:
                 rng = self.rng(trial, epsilon, 0)
                 chosen = [sample_from_utilities(u, epsilon, rng) for u in utilities[cached]]
                 predicted.append(labels[np.array(chosen)])
-            extra = {"variant": choice.variant, "p": choice.p}
-            self.score(deepcandidate_key(bundle), epsilon, self.test, predicted, extra)
+            method = deepcandidate_method(bundle.manifest.name)
+            self.score(method, epsilon, self.test, predicted, choice.variant, choice.p)
 
     def truncation(self) -> None:
         emb, splits = self.embeddings, self.splits
@@ -231,7 +241,7 @@ class Experiment:
         count = min(self.config.mdp_documents, len(self.test))
         picked = np.random.default_rng([self.config.seed, 7]).choice(self.test, count, False)
         scored = sorted(int(i) for i in picked)
-        self.results["notes"].append(
+        self.notes.append(
             f"word-level metric DP: {len(scored)} of {len(self.test)} test documents "
             "(re-encoding every randomised document is the slow part), output vocabulary = "
             f"the {self.config.mdp_vocabulary} most frequent GloVe words, words absent from "
@@ -251,13 +261,13 @@ class Experiment:
                 predicted.append(np.argmax(classifier(np.stack(means)), axis=1))
             self.score("word_mdp", epsilon, scored, predicted)
 
-    def k_sweep(self) -> dict[str, Any]:
+    def k_sweep(self) -> KSweep:
+        """Every method's scores at ``k_epsilon`` per bin of sentences per document."""
         k_of = {i: len(self.corpus.documents[i].sentences) for i in self.test}
-        sweep: dict[str, Any] = {"bins": [], "methods": {}}
-        for low, high in K_BINS:
-            sweep["bins"].append(f"{low}-{high}" if high < 10_000 else f"{low}+")
+        bins = [f"{low}-{high}" if high < 10_000 else f"{low}+" for low, high in K_BINS]
+        methods: dict[str, list[Score | None]] = {}
         for method, found in self.predictions.items():
-            rows: list[dict[str, Any] | None] = []
+            rows: list[Score | None] = []
             for low, high in K_BINS:
                 positions = [n for n, i in enumerate(found.documents) if low <= k_of[i] <= high]
                 if len(positions) < 5:
@@ -267,7 +277,7 @@ class Experiment:
                 values = [
                     macro_f1(self.y[docs], t[positions], self.n_classes) for t in found.trials
                 ]
-                rows.append(summary(values) | {"documents": len(positions)})
-            sweep["methods"][method] = rows
-        sweep["methods"]["random_guess"] = [summary([self.guess]) for _ in K_BINS]
-        return sweep
+                rows.append(Score.of(values, documents=len(positions)))
+            methods[method] = rows
+        methods["random_guess"] = [Score.of([self.guess]) for _ in K_BINS]
+        return KSweep(bins, methods)

@@ -1,0 +1,91 @@
+"""``sentdp-eval``: the paper's experiments for a bundle, written as a report folder."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rich.console import Console
+
+from evaluation.experiment import EvalConfig, run_evaluation
+from evaluation.report import RESULTS, read_results, write_report
+from sentdp.errors import SentDPError
+from training.settings import load_settings
+from training.store import load_from_store
+
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(EvalConfig)}
+"""EvalConfig's defaults, so the flags' defaults cannot drift from the config's."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="sentdp-eval",
+        description="Macro-F1 of DeepCandidate and the baselines on a bundle's test split.",
+    )
+    parser.add_argument(
+        "--model",
+        nargs="+",
+        help="BentoML model tag(s) of bundles trained on the same corpus (e.g. the paper's "
+        "recipe and a task-tuned one); all are scored on the same test documents",
+    )
+    parser.add_argument("--out", type=Path, help="report folder (default reports/<corpus>)")
+    parser.add_argument("--trials", type=int, default=DEFAULTS["trials"])
+    parser.add_argument("--epsilons", type=float, nargs="+", default=list(DEFAULTS["epsilons"]))
+    parser.add_argument("--k-epsilon", type=float, default=DEFAULTS["k_epsilon"])
+    parser.add_argument("--mdp-documents", type=int, default=DEFAULTS["mdp_documents"])
+    parser.add_argument("--quick", action="store_true", help="2 trials, 20 test documents")
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help=f"only redraw report.md and the plots from the --out folder's {RESULTS}",
+    )
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> EvalConfig:
+    config = EvalConfig(
+        trials=args.trials,
+        epsilons=tuple(sorted(args.epsilons)),
+        k_epsilon=args.k_epsilon,
+        mdp_documents=args.mdp_documents,
+    )
+    return config.quick() if args.quick else config
+
+
+def fail(console: Console, message: str) -> NoReturn:
+    console.print(f"[red]sentdp-eval: {message}[/red]")
+    sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    console = Console(stderr=True)
+    if args.render_only:
+        if args.out is None or not (args.out / RESULTS).is_file():
+            fail(console, f"--render-only needs --out with a {RESULTS}")
+        for path in write_report(read_results(args.out), args.out):
+            console.print(f"wrote {path}")
+        return
+    if not args.model:
+        fail(console, "--model is required (unless --render-only)")
+    config = config_from_args(args)
+    if config.k_epsilon not in config.epsilons:
+        fail(console, "--k-epsilon must be one of --epsilons")
+    try:
+        bundles = [load_from_store(tag) for tag in args.model]
+        results = run_evaluation(bundles, load_settings(), config, log=console.print)
+    except (SentDPError, FileNotFoundError, ValueError) as error:
+        fail(console, str(error))
+    command = "sentdp-eval " + shlex.join(argv if argv is not None else sys.argv[1:])
+    results = dataclasses.replace(results, command=command)
+    for path in write_report(results, args.out or Path("reports") / results.corpus):
+        console.print(f"wrote {path}")
+    console.print(f"wall time {results.seconds:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

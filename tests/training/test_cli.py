@@ -1,0 +1,18 @@
+"""sentdp-train's flags: their defaults are TrainConfig's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from training.cli import config_from_args, parse_args
+from training.pipeline import TrainConfig
+
+
+def test_the_flags_default_to_the_config_defaults() -> None:
+    config = config_from_args(parse_args(["--dataset", "bbc-news"]))
+    assert config == TrainConfig(dataset="bbc-news")
+
+
+def test_epsilons_given_with_quick_replace_the_quick_grid() -> None:
+    config = config_from_args(parse_args(["--dataset", "x", "--quick", "--epsilons", "5", "2"]))
+    assert config == dataclasses.replace(TrainConfig(dataset="x").quick(), epsilons=(2.0, 5.0))
