@@ -2,6 +2,10 @@
 
 * ``new-key --tenant ID [--max-epsilon E --group-size G --budget B]``: add a tenant (or a key to
   an existing one) to the tenants file and print the new API key once.
+* ``revoke-key --tenant ID (--key KEY | --key-file FILE | --all)``: remove API keys of a
+  tenant; running servers stop accepting them within a second (they re-read the file).
+* ``purge``: delete idempotency rows older than their 24-hour window now (servers also do it
+  as they go).
 * ``budget --tenant ID --user U``: a user's spending in the current period.
 * ``new-period --tenant ID --user U``: start a new period for a user (Σε back to 0). The
   privacy guarantee then holds per period; use it only when your policy says so.
@@ -11,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from sentdp.accounting import to_epsilon
 from service.ledger import open_ledger
 from service.settings import load_settings
-from service.tenants import Tenant, TenantsFile, hash_key, new_key
+from service.tenants import Tenant, TenantsFile, hash_key, new_key, write_private
 
 
 def _read(path: Path) -> TenantsFile:
@@ -28,11 +31,7 @@ def _read(path: Path) -> TenantsFile:
 
 
 def _write(path: Path, tenants: TenantsFile) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_text(tenants.model_dump_json(indent=2))
-    os.chmod(partial, 0o600)
-    os.replace(partial, path)
+    write_private(path, tenants.model_dump_json(indent=2))
 
 
 def add_key(path: Path, tenant_id: str, max_epsilon: float, group_size: int, budget: float) -> str:
@@ -56,6 +55,22 @@ def add_key(path: Path, tenant_id: str, max_epsilon: float, group_size: int, bud
     return key
 
 
+def revoke_keys(path: Path, tenant_id: str, key: str | None) -> int:
+    """Remove one key (``key``) or every key (None) of a tenant; returns how many went."""
+    tenants = _read(path)
+    existing = {t.id: t for t in tenants.tenants}
+    if tenant_id not in existing:
+        raise SystemExit(f"sentdp-admin: no tenant {tenant_id!r} in {path}")
+    current = existing[tenant_id]
+    kept = [] if key is None else [h for h in current.key_sha256 if h != hash_key(key)]
+    removed = len(current.key_sha256) - len(kept)
+    if key is not None and removed == 0:
+        raise SystemExit(f"sentdp-admin: that key is not one of tenant {tenant_id!r}'s keys")
+    existing[tenant_id] = current.model_copy(update={"key_sha256": kept})
+    _write(path, TenantsFile(tenants=list(existing.values())))
+    return removed
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="sentdp-admin", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +80,13 @@ def main(argv: list[str] | None = None) -> None:
     key.add_argument("--group-size", type=int, default=1)
     key.add_argument("--budget", type=float, default=100.0)
     key.add_argument("--key-file", type=Path, help="also write the key to this file (mode 600)")
+    revoke = commands.add_parser("revoke-key", help="remove API keys of a tenant")
+    revoke.add_argument("--tenant", required=True)
+    which = revoke.add_mutually_exclusive_group(required=True)
+    which.add_argument("--key", help="the API key to revoke")
+    which.add_argument("--key-file", type=Path, help="a file holding the API key to revoke")
+    which.add_argument("--all", action="store_true", help="revoke every key of the tenant")
+    commands.add_parser("purge", help="delete expired idempotency rows now")
     for name in ("budget", "new-period"):
         sub = commands.add_parser(name)
         sub.add_argument("--tenant", required=True)
@@ -76,13 +98,19 @@ def main(argv: list[str] | None = None) -> None:
             settings.tenants_file, args.tenant, args.max_epsilon, args.group_size, args.budget
         )
         if args.key_file:
-            args.key_file.parent.mkdir(parents=True, exist_ok=True)
-            args.key_file.write_text(secret + "\n")
-            os.chmod(args.key_file, 0o600)
+            write_private(args.key_file, secret + "\n")
         print(secret)
         print(f"tenant {args.tenant} saved in {settings.tenants_file}", file=sys.stderr)
         return
+    if args.command == "revoke-key":
+        key = args.key_file.read_text().strip() if args.key_file else args.key
+        removed = revoke_keys(settings.tenants_file, args.tenant, None if args.all else key)
+        print(f"revoked {removed} key(s) of tenant {args.tenant}", file=sys.stderr)
+        return
     ledger = open_ledger(settings.ledger_url, settings.ledger_schema)
+    if args.command == "purge":
+        print(json.dumps({"purged_idempotency_rows": ledger.purge_expired()}))
+        return
     account = (
         ledger.new_period(args.tenant, args.user)
         if args.command == "new-period"

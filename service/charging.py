@@ -19,8 +19,6 @@ framework, so it can be read in one place and tested with a real ledger and a fa
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import math
 import time
@@ -35,6 +33,7 @@ from sentdp.errors import InputError, LimitError
 from sentdp.mechanism import privacy_slack
 from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
 from service.errors import ApiError, Code
+from service.idempotency import BodySigner
 from service.ledger import (
     BudgetExhaustedError,
     IdempotencyInFlightError,
@@ -48,9 +47,8 @@ from service.logs import log_event, logger
 from service.metrics import metric
 from service.schemas import DocumentIn, PrivatizeResponse, WorkItem, WorkResult
 from service.tenants import Tenant
-from service.views import budget_view, exhausted_error, private_document
+from service.views import budget_view, exhausted_error, private_document, refunded_error
 
-MAX_KEY_LENGTH = 200
 MECHANISM = "deepcandidate"
 
 
@@ -128,14 +126,14 @@ class Charging:
         ledger: SqlLedger,
         worker: Worker,
         limits: Limits,
-        secret: bytes,
+        signer: BodySigner,
     ) -> None:
         self.bundle = bundle
         self.version = version
         self.ledger = ledger
         self.worker = worker
         self.limits = limits
-        self.secret = secret
+        self.signer = signer
         self.splitter = SentenceSplitter()
         self.slack = {v.record.name: privacy_slack(v.record.candidates) for v in bundle.variants}
 
@@ -147,7 +145,7 @@ class Charging:
             reserved = await self.reserve(request, admission)
             if isinstance(reserved, Replay):
                 metric("replays").labels(request.tenant.id).inc()
-                reply = Reply(200, reserved.response, replayed=True)
+                reply = Reply(reserved.status, reserved.response, replayed=True)
             else:
                 reply = await self.run_and_settle(request, admission, reserved)
         except ApiError as error:
@@ -187,7 +185,14 @@ class Charging:
                 f"{self.limits.max_documents}",
             )
         sentences = [self._sentences(n, doc) for n, doc in enumerate(request.documents)]
-        return Admission(choice, micro, sentences, self._idempotency_key(request))
+        key = self.signer.key(
+            request.idempotency_key,
+            request.endpoint,
+            request.user,
+            request.epsilon,
+            request.documents,
+        )
+        return Admission(choice, micro, sentences, key)
 
     def _charge(self, epsilon: float, tenant: Tenant, slack: float) -> int:
         if epsilon <= slack:
@@ -214,26 +219,6 @@ class Charging:
             raise ApiError(Code.DOCUMENT_TOO_LARGE, f"document {position}: {error}") from None
         except InputError as error:
             raise ApiError(Code.INVALID_DOCUMENT, f"document {position}: {error}") from None
-
-    def _idempotency_key(self, request: ChargedRequest) -> IdempotencyKey | None:
-        key = request.idempotency_key
-        if key is None:
-            return None
-        if not 1 <= len(key) <= MAX_KEY_LENGTH or not key.isprintable():
-            raise ApiError(
-                Code.INVALID_IDEMPOTENCY_KEY,
-                f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable characters",
-            )
-        canonical = json.dumps(
-            {
-                "endpoint": request.endpoint,
-                "user": request.user,
-                "epsilon": request.epsilon,
-                "documents": [d.model_dump() for d in request.documents],
-            },
-            sort_keys=True,
-        ).encode()
-        return IdempotencyKey(key, hmac.new(self.secret, canonical, hashlib.sha256).hexdigest())
 
     # --- reserve -------------------------------------------------------------------------
     async def reserve(self, request: ChargedRequest, admission: Admission) -> Reservation | Replay:
@@ -296,7 +281,7 @@ class Charging:
         final = [i.charge_id for i, r in zip(items, results, strict=True) if r.sampled]
         refund = [i.charge_id for i, r in zip(items, results, strict=True) if not r.sampled]
         reply = self._reply(request, admission, reserved, results)
-        stored = reply.body if final else None  # nothing sampled: free the key for a retry
+        stored = reply if final else None  # nothing sampled: free the key for a retry
         settled = await self._settle(request, admission, final, refund, stored)
         if not settled and refund:
             raise ApiError(Code.LEDGER_UNAVAILABLE, "the ledger failed; retry")
@@ -345,35 +330,24 @@ class Charging:
         reserved: Reservation,
         results: list[WorkResult],
     ) -> Reply:
-        """The response body: 200 with every document, or 503 naming what was refunded."""
-        epsilon = to_epsilon(admission.micro)
         released = [
             private_document(
                 self.bundle,
                 int(result.candidate if result.candidate is not None else -1),
                 len(sentences),
-                epsilon,
+                to_epsilon(admission.micro),
                 admission.choice.p,
                 request.with_labels,
             )
             for result, sentences in zip(results, admission.sentences, strict=True)
             if result.sampled
         ]
-        refunded = len(results) - len(released)
-        if refunded:
+        if len(released) < len(results):
             reason = next(r.error for r in results if not r.sampled) or "worker"
-            error = ApiError(
-                Code.WORKER_UNAVAILABLE,
-                f"{refunded} of {len(results)} documents could not be privatized and were "
-                f"refunded ({reason}); retry later",
-                released=[d.model_dump() for d in released],
-            )
+            error = refunded_error(released, len(results), reason)
             return Reply(error.status, error.json())
-        account = reserved.account
-        policy = request.tenant.policy
-        response = PrivatizeResponse(
-            model=self.version, documents=released, budget=budget_view(account, policy)
-        )
+        budget = budget_view(reserved.account, request.tenant.policy)
+        response = PrivatizeResponse(model=self.version, documents=released, budget=budget)
         return Reply(200, json.dumps(response.model_dump(mode="json", exclude_none=True)))
 
     async def _settle(
@@ -382,7 +356,7 @@ class Charging:
         admission: Admission,
         final: list[int],
         refund: list[int],
-        stored: str | None,
+        stored: Reply | None,
     ) -> bool:
         """Settle in the ledger; False (logged) when the ledger failed: the charges then stay
         ``reserved``, which still counts them (an over-charge, never an under-charge)."""
@@ -395,7 +369,8 @@ class Charging:
                 final,
                 refund,
                 admission.key,
-                stored,
+                stored.body if stored else None,
+                stored.status if stored else 200,
             )
         except Exception:
             logger.exception("ledger settle failed (request %s)", request.request_id)

@@ -17,6 +17,7 @@ class Code(StrEnum):
     """Machine-readable error codes (stable: clients branch on them)."""
 
     UNAUTHORIZED = "unauthorized"
+    METRICS_DISABLED = "metrics_disabled"
     INVALID_BODY = "invalid_body"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     BODY_TOO_LARGE = "body_too_large"
@@ -38,6 +39,7 @@ class Code(StrEnum):
 
 STATUS: dict[Code, HTTPStatus] = {
     Code.UNAUTHORIZED: HTTPStatus.UNAUTHORIZED,
+    Code.METRICS_DISABLED: HTTPStatus.FORBIDDEN,
     Code.INVALID_BODY: HTTPStatus.BAD_REQUEST,
     Code.UNSUPPORTED_MEDIA_TYPE: HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
     Code.BODY_TOO_LARGE: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,

@@ -9,6 +9,7 @@ an HTTP response. Authentication and body limits run before parsing, in
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from service import logs
 from service.charging import ChargedRequest, Charging, Limits, Reply
 from service.errors import ApiError, Code, classify_forms_error
 from service.guard import GuardMiddleware
+from service.idempotency import load_signer
 from service.ledger import open_ledger
 from service.lookup import Lookups
 from service.schemas import (
@@ -35,7 +37,7 @@ from service.schemas import (
     WorkResult,
 )
 from service.settings import ServiceSettings, boot_settings, load_settings
-from service.tenants import Tenant, TenantRegistry
+from service.tenants import Tenant, TenantRegistry, TenantSource
 from service.views import budget_view
 from service.worker import Worker
 from service.worker_client import call_worker, harden
@@ -43,8 +45,14 @@ from service.worker_client import call_worker, harden
 BOOT = boot_settings()
 
 
+@functools.cache
+def tenant_source() -> TenantSource:
+    """This process's view of the tenants file, shared by the middleware and the APIs."""
+    return TenantSource(load_settings().tenants_file)
+
+
 def _registry() -> TenantRegistry:
-    return TenantRegistry.load(load_settings().tenants_file)
+    return tenant_source().registry()
 
 
 @bentoml.service(
@@ -62,7 +70,7 @@ class Gateway:
         stored = self.bundle_model
         version = str(stored.tag)
         bundle = Bundle.load(Path(stored.path))
-        self.tenants = _registry()
+        self.tenants = tenant_source()
         self.ledger = open_ledger(
             self.settings.ledger_url,
             self.settings.ledger_schema,
@@ -73,9 +81,8 @@ class Gateway:
             self.settings.max_documents,
             TextLimits(self.settings.max_sentences, self.settings.max_sentence_chars),
         )
-        self.charging = Charging(
-            bundle, version, self.ledger, self._run_worker, limits, self.ledger.hmac_secret()
-        )
+        signer = load_signer(self.settings.idempotency_secret_file, self.ledger)
+        self.charging = Charging(bundle, version, self.ledger, self._run_worker, limits, signer)
         self.lookups = Lookups(bundle, version)
         logs.log_event("gateway_ready", model=version)
 
@@ -152,7 +159,7 @@ class Gateway:
 
     def _tenant(self, ctx: bentoml.Context) -> Tenant | None:
         tenant_id = getattr(ctx.request.state, "sentdp_tenant", None)
-        return self.tenants.get(tenant_id) if tenant_id else None
+        return self.tenants.registry().get(tenant_id) if tenant_id else None
 
     @staticmethod
     def _respond(ctx: bentoml.Context, reply: Reply) -> Response:
@@ -180,4 +187,5 @@ Gateway.add_asgi_middleware(  # type: ignore[attr-defined]
     registry_loader=_registry,
     max_body_bytes=BOOT.max_body_bytes,
     max_json_depth=BOOT.max_json_depth,
+    metrics_token=BOOT.metrics_token,
 )

@@ -8,11 +8,13 @@
 * 400 when the JSON nests deeper than the limit (a deep body would otherwise exhaust the
   parser's recursion and come back as a 500).
 
-Health, metrics and docs routes pass through untouched.
+``/metrics`` needs ``Authorization: Bearer <SENTDP_METRICS_TOKEN>`` (401 otherwise) and is
+off (403) while no token is configured. Health and docs routes pass through untouched.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -27,6 +29,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PROTECTED_PATHS = frozenset({"/privatize", "/classify", "/budget"})
+METRICS_PATH = "/metrics"
 
 
 async def send_error(send: Send, code: Code, message: str) -> None:
@@ -122,20 +125,25 @@ class GuardMiddleware:
         registry_loader: Callable[[], TenantRegistry],
         max_body_bytes: int,
         max_json_depth: int,
+        metrics_token: str | None = None,
     ) -> None:
         self.app = app
+        self.metrics_token = metrics_token
         self._loader = registry_loader
-        self._registry: TenantRegistry | None = None
         self.max_body_bytes = max_body_bytes
         self.max_json_depth = max_json_depth
 
     @property
     def registry(self) -> TenantRegistry:
-        if self._registry is None:
-            self._registry = self._loader()
-        return self._registry
+        """The current tenants (the loader re-reads a changed tenants file)."""
+        return self._loader()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") == METRICS_PATH:
+            refusal = self._metrics_refusal(bearer_token(scope))
+            if refusal is not None:
+                await send_error(send, *refusal)
+                return
         if scope["type"] != "http" or scope.get("path") not in PROTECTED_PATHS:
             await self.app(scope, receive, send)
             return
@@ -193,6 +201,13 @@ class GuardMiddleware:
                     Code.UNSUPPORTED_MEDIA_TYPE,
                     "send the request body as JSON (Content-Type: application/json)",
                 )
+        return None
+
+    def _metrics_refusal(self, token: str | None) -> tuple[Code, str] | None:
+        if self.metrics_token is None:
+            return Code.METRICS_DISABLED, "metrics are off: set SENTDP_METRICS_TOKEN to serve them"
+        if token is None or not hmac.compare_digest(token.encode(), self.metrics_token.encode()):
+            return Code.UNAUTHORIZED, "send 'Authorization: Bearer <SENTDP_METRICS_TOKEN>'"
         return None
 
     def _too_large(self) -> str:

@@ -2,7 +2,9 @@
 
 Events carry ids, counts, codes and timings only (request id, tenant, endpoint, status,
 seconds). User ids, documents, sentences, embeddings and candidate ids are never logged: the
-log is read by operators, who are outside the trust boundary of the threat model.
+log is read by operators, who are outside the trust boundary of the threat model. Logged
+exceptions keep their type and stack but lose their messages, on every handler of the
+process, since third-party messages quote request data.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import logging
 import sys
 import time
+import traceback
 from typing import Any
 
 logger = logging.getLogger("sentdp.service")
@@ -30,18 +33,66 @@ class JsonFormatter(logging.Formatter):
         if isinstance(fields, dict):
             entry.update(fields)
         else:
-            entry["message"] = record.getMessage()
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+            entry["message"] = getattr(record, "sentdp_message", None) or record.getMessage()
+        exception = getattr(record, "sentdp_exception", None)
+        if exception is not None:
+            entry["exception"] = exception
         return json.dumps(entry, default=str)
 
 
+class RedactExceptionMessages(logging.Filter):
+    """Keep a logged exception's type and stack, drop its message and its chain's messages.
+
+    Third-party exceptions carry request data in their messages: BentoML logs every pydantic
+    ``ValidationError`` of a request body with its ``input_value`` (fragments of the document).
+    Frames name only files, lines and functions, so they stay.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            message = record.getMessage()
+            stack = redacted_traceback(record.exc_info[1])
+            record.sentdp_message = message
+            record.sentdp_exception = stack
+            record.msg = f"{message}\n{stack}"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def redacted_traceback(error: BaseException) -> str:
+    """The stack of ``error`` and of the exceptions it was raised from, without messages."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        kind = type(current)
+        stack = "".join(traceback.format_tb(current.__traceback__))
+        parts.append(f"{stack}{kind.__module__}.{kind.__qualname__}: <message redacted>")
+        current = current.__cause__ or current.__context__
+    return "\nwhich was raised while handling:\n".join(parts)
+
+
+_REDACT = RedactExceptionMessages()
+
+
 def configure(level: int = logging.INFO) -> None:
-    """Give the service's logger its own JSON handler (idempotent; BentoML keeps its own)."""
+    """Give the service's logger its JSON handler, and redact exception messages on every
+    handler configured so far (BentoML's, uvicorn's, the root's). Idempotent."""
+    handlers = list(logging.getLogger().handlers)
+    for named in list(logging.root.manager.loggerDict.values()):
+        if isinstance(named, logging.Logger):
+            handlers.extend(named.handlers)
+    for handler in handlers:
+        if _REDACT not in handler.filters:
+            handler.addFilter(_REDACT)
     if any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(_REDACT)
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False

@@ -6,6 +6,7 @@ of other versions of the served model are loaded from the BentoML store on first
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,9 @@ from sentdp.errors import InputError
 from service.errors import ApiError, Code
 from service.schemas import CandidateLabel, ClassifyResponse
 from service.views import label_of
+
+_VERSION = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+"""A version (or an alias such as ``latest``) as the model store writes it: lowercase."""
 
 StoreLoader = Callable[[str], tuple[str, str | None, Path]]
 """A tag -> (model name, version or None, folder) from the model store; raises when absent."""
@@ -52,7 +56,13 @@ class Lookups:
         with self._lock:
             if model in self._bundles:
                 return self._bundles[model]
-            unknown = ApiError(Code.UNKNOWN_MODEL, f"no model version {model!r} here")
+            unknown = ApiError(
+                Code.UNKNOWN_MODEL,
+                "no such model version here: send the 'model' of a response of this server",
+            )
+            name, _, version_asked = model.partition(":")
+            if name != self.name or not _VERSION.fullmatch(version_asked):
+                raise unknown  # never hand the store a caller's string it would log
             try:
                 name, version, path = self._load(model)
             except Exception:

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-USER_ID = Field(
-    min_length=1,
-    max_length=256,
-    pattern=r"^[^\x00-\x1f\x7f]+$",
-    description="The end user, named by the tenant; scoped to the tenant.",
-    examples=["user-42"],
-)
+UserId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="The end user, named by the tenant; scoped to the tenant.",
+        examples=["user-42"],
+    ),
+]
+"""A user id: 1 to 256 characters, no control characters; the same rule on every endpoint."""
+
+MAX_LOOKUP_CANDIDATES = 1000
+"""Candidate ids in one free /classify lookup."""
 
 
 class DocumentIn(BaseModel):
@@ -43,7 +52,7 @@ class PrivatizeRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    user: str = USER_ID
+    user: UserId
     epsilon: float = Field(description="epsilon per document", examples=[3.0])
     documents: list[DocumentIn] = Field(min_length=1, examples=[EXAMPLE_DOCUMENTS])
 
@@ -53,17 +62,21 @@ class ClassifyRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    user: str | None = Field(default=None, min_length=1, max_length=256)
+    user: UserId | None = None
     epsilon: float | None = None
     documents: list[DocumentIn] | None = Field(default=None, min_length=1)
-    model: str | None = Field(default=None, description="a released embedding's model version")
-    candidates: list[int] | None = Field(default=None, min_length=1)
+    model: str | None = Field(
+        default=None, max_length=256, description="a released embedding's model version"
+    )
+    candidates: list[int] | None = Field(
+        default=None, min_length=1, max_length=MAX_LOOKUP_CANDIDATES
+    )
 
 
 class BudgetRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    user: str = USER_ID
+    user: UserId
 
 
 class Budget(BaseModel):

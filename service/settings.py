@@ -31,8 +31,17 @@ class ServiceSettings(BaseSettings):
     """``sqlite:///file`` (default) or ``postgresql://...`` shared by several replicas."""
     ledger_schema: str = "public"
     """PostgreSQL schema of the ledger tables."""
+    idempotency_secret_file: Path = Field(
+        default_factory=lambda: _data_dir() / "idempotency-secret"
+    )
+    """HMAC secrets of request bodies under Idempotency-Keys (created 0600 when missing; one
+    hex secret per line, the first current). Keep it out of the ledger's backups; replicas
+    share one."""
     tenants_file: Path = Field(default_factory=lambda: _data_dir() / "tenants.json")
     """Tenants, their hashed API keys and budgets (see ``sentdp-admin``)."""
+    metrics_token: str | None = Field(default=None, min_length=16)
+    """Bearer token that /metrics requires; /metrics answers 403 while unset (its series, such
+    as batch sizes in sentences, would let a reader infer a request's k)."""
     max_documents: int = Field(default=16, ge=1)
     max_sentences: int = Field(default=2000, ge=1)
     max_sentence_chars: int = Field(default=2000, ge=1)

@@ -6,15 +6,25 @@ The tenants file is JSON::
                   "group_size": 1, "budget": 100}]}
 
 API keys are random 256-bit tokens (``sentdp-admin new-key``), so one SHA-256 is a safe
-verifier; comparisons are constant-time. User ids are scoped per tenant.
+verifier; comparisons are constant-time. User ids are scoped per tenant. A running server
+re-reads the file when it changes (:class:`TenantSource`), so ``sentdp-admin revoke-key`` and
+budget changes take effect within a second, without a restart. The file is written atomically
+with mode 0600 (:func:`write_private`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
+import logging
+import os
 import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -38,7 +48,8 @@ class Tenant(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
-    key_sha256: list[str] = Field(min_length=1)
+    key_sha256: list[str] = Field(default_factory=list)
+    """SHA-256 of each API key; a tenant whose keys are all revoked cannot call."""
     max_epsilon: float = Field(gt=0, le=MAX_EPSILON_LIMIT)
     """Largest epsilon one request may ask for, per document."""
     group_size: int = Field(default=1, ge=1, le=1000)
@@ -108,3 +119,63 @@ class TenantRegistry:
 
     def get(self, tenant_id: str) -> Tenant | None:
         return self._by_id.get(tenant_id)
+
+
+class TenantSource:
+    """The tenants file of a running server, re-read when it changes.
+
+    The file's (mtime, size, inode) is checked at most once per ``interval`` seconds. A file
+    that fails to load keeps the previous registry (and logs why): ``sentdp-admin`` writes it
+    atomically, so a half-written file is never read.
+    """
+
+    def __init__(
+        self, path: Path, interval: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.path = path
+        self.interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._checked = clock()
+        self._signature = self._stat()
+        self._registry = TenantRegistry.load(path)
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            info = self.path.stat()
+        except OSError:
+            return None
+        return info.st_mtime_ns, info.st_size, info.st_ino
+
+    def registry(self) -> TenantRegistry:
+        """The current tenants."""
+        now = self._clock()
+        if now - self._checked < self.interval:
+            return self._registry
+        with self._lock:
+            self._checked = now
+            signature = self._stat()
+            if signature is not None and signature != self._signature:
+                try:
+                    self._registry = TenantRegistry.load(self.path)
+                    self._signature = signature
+                except (OSError, ValueError):
+                    logging.getLogger("sentdp.service").exception(
+                        "the tenants file changed but does not load; keeping the previous one"
+                    )
+        return self._registry
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, readable by its owner only (0600 from creation)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):  # replaced already
+            os.unlink(temporary)

@@ -79,3 +79,14 @@ def private_document(
         document.label = label.label
         document.probabilities = label.probabilities
     return document
+
+
+def refunded_error(released: list[PrivateDocument], documents: int, reason: str) -> ApiError:
+    """The 503 of a request some of whose documents drew no randomness and were refunded; the
+    documents that were sampled are released all the same (their charges are final)."""
+    return ApiError(
+        Code.WORKER_UNAVAILABLE,
+        f"{documents - len(released)} of {documents} documents could not be privatized and were "
+        f"refunded ({reason}); retry later",
+        released=[d.model_dump() for d in released],
+    )

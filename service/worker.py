@@ -18,6 +18,7 @@ import bentoml
 import numpy as np
 
 from sentdp.mechanism import DeepCandidate
+from service import logs
 from service.metrics import metric
 from service.schemas import WorkItem, WorkResult
 from service.settings import boot_settings, load_settings
@@ -39,6 +40,7 @@ class Worker:
     bundle_model = bentoml.models.BentoModel(BOOT.model)
 
     def __init__(self) -> None:
+        logs.configure()
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         import torch
 

@@ -26,6 +26,7 @@ from service.tenants import Tenant, TenantsFile, hash_key
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout (bentoml serve runs from here)
 BENTOML = Path(sys.executable).parent / "bentoml"
+METRICS_TOKEN = "sdp_test_metrics_token_0123456789"
 
 
 def free_port() -> int:
@@ -100,9 +101,10 @@ class Server:
 
     def start(self, timeout: float = 300.0) -> Server:
         env = {**os.environ, **self.env}
-        env["BENTOML_HOME"] = str(
-            private_home(Path(env.get("BENTOML_HOME", Path.home() / "bentoml")))
-        )
+        self.home = private_home(Path(env.get("BENTOML_HOME", Path.home() / "bentoml")))
+        env["BENTOML_HOME"] = str(self.home)
+        env.setdefault("SENTDP_METRICS_TOKEN", METRICS_TOKEN)
+        env.setdefault("SENTDP_IDEMPOTENCY_SECRET_FILE", str(self.home / "idempotency-secret"))
         log = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         started = time.perf_counter()
         self.process = subprocess.Popen(

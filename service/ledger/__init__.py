@@ -9,6 +9,7 @@ from urllib.parse import urlparse
 
 from service.ledger.sql import SqlLedger
 from service.ledger.types import (
+    IDEMPOTENCY_TTL_SECONDS,
     Account,
     BudgetExhaustedError,
     IdempotencyInFlightError,
@@ -20,6 +21,7 @@ from service.ledger.types import (
 )
 
 __all__ = [
+    "IDEMPOTENCY_TTL_SECONDS",
     "Account",
     "BudgetExhaustedError",
     "IdempotencyInFlightError",

@@ -44,6 +44,17 @@ class PostgresLedger(SqlLedger):
     def _lock_clause(self) -> str:
         return " FOR UPDATE"
 
+    def _lost(self, conn: Any) -> bool:
+        return bool(conn.closed or conn.broken)
+
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        cur.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = %(t)s",
+            {"t": table},
+        )
+        return {str(row[0]) for row in cur.fetchall()}
+
     def _sql(self, text: str) -> str:
         return to_named_pyformat(text)
 

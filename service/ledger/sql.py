@@ -7,8 +7,11 @@ the database. Charges move ``reserved -> final`` (the mechanism ran or may have 
 them ``reserved``: still counted, so the ledger may over-charge but never under-charges.
 Invariant: ``accounts.spent_micro`` = sum of this period's charges that are not refunded.
 
-Compatibility promise for the schema (``sentdp_meta.schema_version``): columns are never
-removed and never change meaning; new columns are nullable or have defaults.
+A connection the server dropped is replaced: a transaction whose BEGIN fails on a lost
+connection is retried once on a new one (nothing was sent yet, so nothing is charged twice);
+any later failure discards the connection and raises. Idempotency rows are purged once their
+window has passed (:data:`~service.ledger.types.IDEMPOTENCY_TTL_SECONDS`). The tables are in
+:mod:`service.ledger.schema`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import re
-import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -24,6 +26,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from sentdp.accounting import ADMISSION_SQL, Charge, Policy
+from service.ledger.schema import (
+    ADDED_COLUMNS,
+    INDEXES,
+    RECORD_VERSION,
+    SCHEMA_VERSION,
+    create_tables,
+)
 from service.ledger.types import (
     IDEMPOTENCY_TTL_SECONDS,
     Account,
@@ -35,7 +44,8 @@ from service.ledger.types import (
     Reservation,
 )
 
-SCHEMA_VERSION = 1
+PURGE_INTERVAL_SECONDS = 60.0
+"""How often one process purges expired idempotency rows (on its next reserve)."""
 
 _NAMED = re.compile(r":([a-z_]+)")
 
@@ -51,6 +61,7 @@ class SqlLedger(abc.ABC):
         self._local = threading.local()
         self._connections: list[Any] = []
         self._lock = threading.Lock()
+        self._last_purge = 0.0
 
     # --- backend hooks -------------------------------------------------------------------
     @abc.abstractmethod
@@ -65,6 +76,14 @@ class SqlLedger(abc.ABC):
     def _lock_clause(self) -> str:
         return ""
 
+    def _lost(self, conn: Any) -> bool:
+        """Whether the server dropped this connection (it must be replaced)."""
+        return False
+
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        """The column names of ``table``."""
+        raise NotImplementedError
+
     def _sql(self, text: str) -> str:
         return text
 
@@ -78,10 +97,34 @@ class SqlLedger(abc.ABC):
                 self._connections.append(conn)
         return conn
 
+    def _discard(self, conn: Any) -> None:
+        self._local.conn = None
+        with self._lock:
+            if conn in self._connections:
+                self._connections.remove(conn)
+        with contextlib.suppress(Exception):  # it is gone already
+            conn.close()
+
     @contextmanager
     def transaction(self) -> Iterator[Any]:
-        with self._write_transaction(self._connection()) as cursor:
-            yield cursor
+        """A write transaction on this thread's connection (replaced if the server lost it)."""
+        conn = self._connection()
+        stack = contextlib.ExitStack()
+        try:
+            cursor = stack.enter_context(self._write_transaction(conn))
+        except Exception:
+            if not self._lost(conn):
+                raise
+            self._discard(conn)  # BEGIN failed: nothing was sent, so one retry is safe
+            conn = self._connection()
+            cursor = stack.enter_context(self._write_transaction(conn))
+        try:
+            with stack:
+                yield cursor
+        except BaseException:
+            if self._lost(conn):
+                self._discard(conn)
+            raise
 
     def _execute(self, cursor: Any, sql: str, params: dict[str, Any] | None = None) -> Any:
         cursor.execute(self._sql(sql), params or {})
@@ -96,59 +139,45 @@ class SqlLedger(abc.ABC):
         self._local = threading.local()
 
     def initialise(self) -> None:
-        """Create the tables if missing and record the schema version (idempotent)."""
-        statements = [
-            "CREATE TABLE IF NOT EXISTS sentdp_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-            """CREATE TABLE IF NOT EXISTS sentdp_accounts (
-                tenant TEXT NOT NULL,
-                user_id TEXT NOT NULL,
-                spent_micro BIGINT NOT NULL DEFAULT 0,
-                documents BIGINT NOT NULL DEFAULT 0,
-                period INTEGER NOT NULL DEFAULT 0,
-                PRIMARY KEY (tenant, user_id))""",
-            f"""CREATE TABLE IF NOT EXISTS sentdp_charges (
-                id {self.autoincrement},
-                tenant TEXT NOT NULL,
-                user_id TEXT NOT NULL,
-                period INTEGER NOT NULL,
-                micro BIGINT NOT NULL,
-                state TEXT NOT NULL,
-                request_id TEXT NOT NULL,
-                created_at DOUBLE PRECISION NOT NULL,
-                settled_at DOUBLE PRECISION)""",
-            """CREATE TABLE IF NOT EXISTS sentdp_idempotency (
-                tenant TEXT NOT NULL,
-                user_id TEXT NOT NULL,
-                key TEXT NOT NULL,
-                body_hmac TEXT NOT NULL,
-                state TEXT NOT NULL,
-                response TEXT,
-                created_at DOUBLE PRECISION NOT NULL,
-                PRIMARY KEY (tenant, user_id, key))""",
-        ]
+        """Create or upgrade the tables and record the schema version (idempotent)."""
         with self.transaction() as cur:
-            for statement in statements:
+            for statement in create_tables(self.autoincrement):
                 self._execute(cur, statement)
-            self._execute(
-                cur,
-                "INSERT INTO sentdp_meta (key, value) VALUES ('schema_version', :v) "
-                "ON CONFLICT (key) DO NOTHING",
-                {"v": str(SCHEMA_VERSION)},
-            )
-            self._execute(
-                cur,
-                "INSERT INTO sentdp_meta (key, value) VALUES ('hmac_secret', :v) "
-                "ON CONFLICT (key) DO NOTHING",
-                {"v": secrets.token_hex(32)},
-            )
+            for table, column, kind in ADDED_COLUMNS:
+                if column not in self._columns(cur, table):
+                    self._execute(cur, f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            for statement in INDEXES:
+                self._execute(cur, statement)
+            self._execute(cur, RECORD_VERSION, {"v": str(SCHEMA_VERSION)})
 
-    def hmac_secret(self) -> bytes:
-        """The server secret for request-body HMACs, shared by every worker through the DB."""
+    def legacy_hmac_secret(self) -> bytes | None:
+        """The body-HMAC secret that schema version 1 kept in the database, if still there."""
         with self.transaction() as cur:
             row = self._execute(
                 cur, "SELECT value FROM sentdp_meta WHERE key = 'hmac_secret'"
             ).fetchone()
-        return bytes.fromhex(row[0])
+        return bytes.fromhex(row[0]) if row is not None else None
+
+    def forget_legacy_hmac_secret(self) -> None:
+        """Remove the version-1 secret from the database once it lives in the secret file."""
+        with self.transaction() as cur:
+            self._execute(cur, "DELETE FROM sentdp_meta WHERE key = 'hmac_secret'")
+
+    def purge_expired(self, now: float | None = None) -> int:
+        """Delete idempotency rows older than their window; returns how many went."""
+        cutoff = (time.time() if now is None else now) - IDEMPOTENCY_TTL_SECONDS
+        with self.transaction() as cur:
+            deleted = self._execute(
+                cur, "DELETE FROM sentdp_idempotency WHERE created_at < :c", {"c": cutoff}
+            ).rowcount
+        return max(int(deleted), 0)
+
+    def _purge_now_and_then(self, now: float) -> None:
+        with self._lock:
+            if now - self._last_purge < PURGE_INTERVAL_SECONDS:
+                return
+            self._last_purge = now
+        self.purge_expired(now)
 
     # --- the ledger's operations ---------------------------------------------------------
     def account(self, tenant: str, user: str) -> Account:
@@ -181,6 +210,8 @@ class SqlLedger(abc.ABC):
         :class:`IdempotencyMismatchError`; on any of them nothing is written.
         """
         now = time.time()
+        if idempotency is not None:
+            self._purge_now_and_then(now)
         params = {"t": tenant, "u": user}
         with self.transaction() as cur:
             if idempotency is not None:
@@ -228,19 +259,19 @@ class SqlLedger(abc.ABC):
     ) -> Replay | None:
         params = {"t": tenant, "u": user, "k": key.key}
         select = (
-            "SELECT body_hmac, state, response, created_at FROM sentdp_idempotency "
+            "SELECT body_hmac, state, response, created_at, status FROM sentdp_idempotency "
             "WHERE tenant = :t AND user_id = :u AND key = :k"
         )
         row = self._execute(cur, select + self._lock_clause(), params).fetchone()
         if row is not None:
-            body_hmac, state, response, created = row
+            body_hmac, state, response, created, status = row
             expired = now - float(created) > IDEMPOTENCY_TTL_SECONDS
             abandoned = state == "pending" and now - float(created) > self.pending_timeout
             if not (expired or abandoned):
-                if body_hmac != key.body_hmac:
+                if not key.matches(str(body_hmac)):
                     raise IdempotencyMismatchError
                 if state == "done":
-                    return Replay(str(response))
+                    return Replay(str(response), int(status) if status is not None else 200)
                 raise IdempotencyInFlightError
             self._execute(
                 cur,
@@ -266,11 +297,13 @@ class SqlLedger(abc.ABC):
         refund: Sequence[int],
         idempotency: IdempotencyKey | None = None,
         response: str | None = None,
+        status: int = 200,
     ) -> Account:
         """Finalise and refund charges, and store or release the idempotency key, atomically.
 
         Only charges still ``reserved`` move; a refund returns exactly what was debited.
-        With ``response`` the key is marked done; without, it is released for a retry.
+        With ``response`` (and its HTTP ``status``) the key is marked done and later retries
+        replay it; without, the key is released for a retry.
         """
         now = time.time()
         with self.transaction() as cur:
@@ -301,9 +334,9 @@ class SqlLedger(abc.ABC):
                 if response is not None:
                     self._execute(
                         cur,
-                        "UPDATE sentdp_idempotency SET state = 'done', response = :r "
-                        "WHERE tenant = :t AND user_id = :u AND key = :k",
-                        params | {"r": response},
+                        "UPDATE sentdp_idempotency SET state = 'done', response = :r, "
+                        "status = :s WHERE tenant = :t AND user_id = :u AND key = :k",
+                        params | {"r": response, "s": status},
                     )
                 else:
                     self._execute(

@@ -2,11 +2,15 @@
 
 Write transactions start with ``BEGIN IMMEDIATE`` (the writer lock is taken up front, so two
 processes never deadlock upgrading read locks) and wait up to ``busy_timeout`` for it.
-``synchronous=FULL`` makes every commit durable before the response is sent.
+``synchronous=FULL`` makes every commit durable before the response is sent. A new database
+file is created with mode 0600 (SQLite gives its -wal and -shm files the same mode), in a
+folder created 0700.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +30,10 @@ class SqliteLedger(SqlLedger):
                 f"SQLite {sqlite3.sqlite_version} is too old for the ledger (need 3.35+)"
             )
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self.path.exists():
+            with contextlib.suppress(FileExistsError):  # another process created it first
+                os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         self.busy_timeout = busy_timeout
 
     def _connect(self) -> Any:
@@ -37,6 +44,9 @@ class SqliteLedger(SqlLedger):
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
         return conn
+
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        return {str(row[1]) for row in cur.execute(f"PRAGMA table_info({table})").fetchall()}
 
     @contextmanager
     def _write_transaction(self, conn: Any) -> Iterator[Any]:

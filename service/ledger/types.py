@@ -6,6 +6,7 @@ database driver.
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 
 from sentdp.accounting import Charge, Policy
@@ -27,10 +28,19 @@ class Account:
 
 @dataclass(frozen=True)
 class IdempotencyKey:
-    """A client's retry key for one logical request, with an HMAC of the request body."""
+    """A client's retry key for one logical request, with HMACs of the request body: under
+    the current secret (stored) and under secrets being rotated out (accepted)."""
 
     key: str
     body_hmac: str
+    previous_hmacs: tuple[str, ...] = ()
+
+    def matches(self, stored: str) -> bool:
+        """Whether a stored body HMAC is this request's body (under any known secret)."""
+        found = False
+        for candidate in (self.body_hmac, *self.previous_hmacs):
+            found |= hmac.compare_digest(candidate, stored)
+        return found
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class Replay:
     """A completed request with the same idempotency key: return its stored response."""
 
     response: str
+    status: int = 200
 
 
 class LedgerError(Exception):

@@ -14,6 +14,7 @@ import pytest
 from sentdp.accounting import MICRO
 from sentdp.text import TextLimits
 from service.charging import ChargedRequest, Charging, Limits, Reply
+from service.idempotency import BodySigner
 from service.ledger import SqlLedger, open_ledger
 from service.schemas import DocumentIn
 from service.tenants import Tenant
@@ -36,7 +37,7 @@ def ledger(tmp_path: Path) -> SqlLedger:
 
 def charging(ledger: SqlLedger, worker: FakeWorker, max_documents: int = 4) -> Charging:
     limits = Limits(max_documents, TextLimits(max_sentences=10, max_sentence_chars=200))
-    return Charging(BUNDLE, VERSION, ledger, worker, limits, b"k" * 32)
+    return Charging(BUNDLE, VERSION, ledger, worker, limits, BodySigner(b"k" * 32))
 
 
 def request(

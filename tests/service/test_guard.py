@@ -40,7 +40,12 @@ def test_media_types_and_bearer_tokens() -> None:
     assert bearer_token({"headers": []}) is None
 
 
-def call(headers: list[tuple[bytes, bytes]], body: bytes, path: str = "/privatize") -> Any:
+def call(
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    path: str = "/privatize",
+    metrics_token: str | None = None,
+) -> Any:
     """Run the middleware once; return (status, error code or None, tenant seen by the app)."""
     seen: dict[str, Any] = {}
 
@@ -58,7 +63,9 @@ def call(headers: list[tuple[bytes, bytes]], body: bytes, path: str = "/privatiz
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    guard = GuardMiddleware(app, lambda: REGISTRY, max_body_bytes=64, max_json_depth=4)
+    guard = GuardMiddleware(
+        app, lambda: REGISTRY, max_body_bytes=64, max_json_depth=4, metrics_token=metrics_token
+    )
     scope = {"type": "http", "path": path, "headers": headers}
     asyncio.run(guard(scope, receive, send))
     status = sent[0]["status"]
@@ -96,3 +103,21 @@ def test_unprotected_routes_pass_through_unauthenticated() -> None:
     status, _, seen = call([], b"", path="/readyz")
     assert status == 200
     assert seen["tenant"] is None
+
+
+@pytest.mark.parametrize(
+    ("configured", "sent", "status", "code"),
+    [
+        (None, None, 403, "metrics_disabled"),
+        (None, KEY, 403, "metrics_disabled"),
+        ("metrics-token-0123456789", None, 401, "unauthorized"),
+        ("metrics-token-0123456789", KEY, 401, "unauthorized"),
+        ("metrics-token-0123456789", "metrics-token-0123456789", 200, None),
+    ],
+)
+def test_metrics_need_their_own_token(
+    configured: str | None, sent: str | None, status: int, code: str | None
+) -> None:
+    headers = [(b"authorization", f"Bearer {sent}".encode())] if sent else []
+    got_status, got_code, _ = call(headers, b"", path="/metrics", metrics_token=configured)
+    assert (got_status, got_code) == (status, code)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.ledger import open_ledger
-from tests.support import TENANTS, Server, client
+from tests.support import METRICS_TOKEN, TENANTS, Server, client
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -116,4 +116,120 @@ def test_special_epsilons_are_400(server: Server, epsilon: str) -> None:
             "/privatize", content=body, headers={"Content-Type": "application/json"}
         )
     assert response.status_code == 400, response.text
+    assert_tenant_untouched(server, "zero")
+
+
+MARKER = "Qxz7-private-sentence-marker"
+HOSTILE_BODIES: list[tuple[str, bytes, str]] = [
+    # (endpoint, raw body, content type)
+    (
+        "/privatize",
+        json.dumps(
+            {
+                "user": "u",
+                "epsilon": 1.0,
+                "documents": [{"text": f"{MARKER} one.", "sentences": [MARKER]}],
+            }
+        ).encode(),
+        "application/json",
+    ),
+    (
+        "/privatize",
+        f'{{"user": "u", "epsilon": 1.0, "documents": [{{"text": "{MARKER} cut'.encode(),
+        "application/json",
+    ),
+    (
+        "/privatize",
+        json.dumps({"user": "u", "epsilon": 1.0, "documents": [{"sentences": MARKER}]}).encode(),
+        "application/json",
+    ),
+    (
+        "/privatize",
+        json.dumps(
+            {"user": "u", "epsilon": 1.0, "documents": [{"sentences": [MARKER, 7]}]}
+        ).encode(),
+        "application/json",
+    ),
+    (
+        "/privatize",
+        json.dumps({"user": "u", "epsilon": MARKER, "documents": [{"text": MARKER}]}).encode(),
+        "application/json",
+    ),
+    (
+        "/privatize",
+        json.dumps(
+            {"user": f"{MARKER}\u0000", "epsilon": 1.0, "documents": [{"text": MARKER}]}
+        ).encode(),
+        "application/json",
+    ),
+    (
+        "/privatize",
+        json.dumps({"user": MARKER * 20, "epsilon": 1.0, "documents": [{"text": MARKER}]}).encode(),
+        "application/json",
+    ),
+    (
+        "/privatize",
+        json.dumps(
+            {"user": "u", "epsilon": 1.0, "seed": MARKER, "documents": [{"text": MARKER}]}
+        ).encode(),
+        "application/json",
+    ),
+    (
+        "/privatize",
+        b'{"user": "u", "epsilon": NaN, "documents": [{"text": "' + MARKER.encode() + b'"}]}',
+        "application/json",
+    ),
+    (
+        "/privatize",
+        b'{"user": "u", "epsilon": 1, "documents": [{"text": "\xff' + MARKER.encode() + b'"}]}',
+        "application/json",
+    ),
+    (
+        "/privatize",
+        json.dumps({"user": "u", "epsilon": 1.0, "documents": [{"text": MARKER}]}).encode(),
+        "text/plain",
+    ),
+    (
+        "/privatize",
+        (
+            f'{{"user": "u", "documents": [{{"text": "{MARKER}"}}], "x": '
+            + "[" * 40
+            + "]" * 40
+            + "}"
+        ).encode(),
+        "application/json",
+    ),
+    (
+        "/classify",
+        json.dumps(
+            {"user": f"{MARKER}\u0000", "epsilon": 1.0, "documents": [{"text": MARKER}]}
+        ).encode(),
+        "application/json",
+    ),
+    ("/classify", json.dumps({"model": MARKER, "candidates": [0]}).encode(), "application/json"),
+    ("/classify", json.dumps({"model": "x", "candidates": [MARKER]}).encode(), "application/json"),
+    ("/budget", json.dumps({"user": [MARKER]}).encode(), "application/json"),
+]
+
+
+def test_no_request_text_reaches_the_log_metrics_or_error_bodies(server: Server) -> None:
+    """Bodies that fail parsing or validation, carrying a marker, leave no trace of it."""
+    statuses = []
+    with client(server, ZERO.key) as http:
+        for endpoint, body, content_type in HOSTILE_BODIES:
+            response = http.post(
+                endpoint,
+                content=body,
+                headers={"Content-Type": content_type, "Idempotency-Key": f"k-{MARKER}"},
+            )
+            statuses.append(response.status_code)
+            assert response.status_code < 500, (endpoint, body[:80], response.text)
+            assert MARKER not in response.text, (endpoint, body[:80], response.text)
+    assert set(statuses) <= {400, 402, 404, 413, 415, 422}, statuses
+    with client(server, METRICS_TOKEN) as http:
+        assert MARKER not in http.get("/metrics").text
+    assert server.log is not None
+    log = server.log.read_text(errors="replace")
+    assert "validation error" in log.lower() or "Exception on" in log  # errors were logged
+    assert MARKER not in log
     assert_tenant_untouched(server, "zero")

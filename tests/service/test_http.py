@@ -12,7 +12,7 @@ import pytest
 
 from sentdp.bundle import Bundle
 from service.ledger import open_ledger
-from tests.support import TENANTS, Server, client, read_journal
+from tests.support import METRICS_TOKEN, TENANTS, Server, client, read_journal
 
 pytestmark = pytest.mark.server
 
@@ -334,12 +334,16 @@ def test_ledger_invariant_and_journal_after_all_of_the_above(server) -> None:
         assert account.spent_micro == counted
 
 
-def test_metrics_and_openapi_are_served(server) -> None:
+def test_metrics_need_the_metrics_token_and_openapi_is_served(server) -> None:
     privatize(server, "m-user")
     with client(server, None) as http:
-        metrics = http.get("/metrics").text
+        assert http.get("/metrics").status_code == 401
         spec = http.get("/docs.json").json()
         assert http.get("/healthz").status_code == 200
+    with client(server, ACME.key) as http:
+        assert http.get("/metrics").status_code == 401  # a tenant's key is not the token
+    with client(server, METRICS_TOKEN) as http:
+        metrics = http.get("/metrics").text
     for name in (
         "sentdp_documents_privatized_total",
         "sentdp_epsilon_requested_bucket",

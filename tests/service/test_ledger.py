@@ -5,11 +5,13 @@ from __future__ import annotations
 import multiprocessing
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from sentdp.accounting import MICRO, Charge, Policy
 from service.ledger import (
+    IDEMPOTENCY_TTL_SECONDS,
     BudgetExhaustedError,
     IdempotencyInFlightError,
     IdempotencyKey,
@@ -153,13 +155,59 @@ def test_new_period_starts_from_zero_and_old_refunds_do_not_touch_it(ledger: Sql
     assert ledger.account("acme", "alice").spent_micro == 0
 
 
-def test_the_hmac_secret_is_shared_and_stable(ledger_url: tuple[str, str]) -> None:
+def test_a_version_1_database_is_upgraded_in_place(ledger_url: tuple[str, str]) -> None:
+    """A v1 ledger (no status column, its HMAC secret in sentdp_meta) keeps its rows, gains
+    the column, and gives its secret up to the secret file."""
     first = open_ledger(*ledger_url)
-    second = open_ledger(*ledger_url)
-    assert first.hmac_secret() == second.hmac_secret()
-    assert len(first.hmac_secret()) == 32
+    reserve(first, idempotency=IdempotencyKey("old", "h"))
+    with first.transaction() as cur:
+        first._execute(cur, "DROP INDEX IF EXISTS sentdp_idempotency_created")
+        first._execute(cur, "ALTER TABLE sentdp_idempotency DROP COLUMN status")
+        first._execute(cur, "UPDATE sentdp_meta SET value = '1' WHERE key = 'schema_version'")
+        first._execute(cur, "INSERT INTO sentdp_meta VALUES ('hmac_secret', :v)", {"v": "ab" * 32})
     first.close()
-    second.close()
+    upgraded = open_ledger(*ledger_url)
+    with upgraded.transaction() as cur:
+        version = upgraded._execute(
+            cur, "SELECT value FROM sentdp_meta WHERE key = 'schema_version'"
+        ).fetchone()[0]
+        assert "status" in upgraded._columns(cur, "sentdp_idempotency")
+    assert version == "2"
+    assert upgraded.account("acme", "alice").spent_micro == MICRO
+    assert upgraded.legacy_hmac_secret() == bytes.fromhex("ab" * 32)
+    upgraded.forget_legacy_hmac_secret()
+    assert upgraded.legacy_hmac_secret() is None
+    upgraded.close()
+
+
+def test_a_replay_carries_the_status_it_was_stored_with(ledger: SqlLedger) -> None:
+    key = IdempotencyKey("k", "h")
+    first = reserve(ledger, idempotency=key)
+    ledger.settle("acme", "alice", first.charge_ids, [], key, '{"error": {}}', 503)
+    replay = ledger.reserve("acme", "alice", ONE, POLICY, "req", key)
+    assert replay == Replay('{"error": {}}', 503)
+
+
+def test_a_key_signed_under_a_rotated_out_secret_still_matches(ledger: SqlLedger) -> None:
+    reserve(ledger, idempotency=IdempotencyKey("k", "old-hmac"))
+    rotated = IdempotencyKey("k", "new-hmac", previous_hmacs=("old-hmac",))
+    with pytest.raises(IdempotencyInFlightError):  # same body: in flight, not a mismatch
+        ledger.reserve("acme", "alice", ONE, POLICY, "req", rotated)
+    with pytest.raises(IdempotencyMismatchError):
+        ledger.reserve("acme", "alice", ONE, POLICY, "req", IdempotencyKey("k", "other"))
+
+
+def test_expired_idempotency_rows_are_purged(ledger: SqlLedger) -> None:
+    key = IdempotencyKey("k", "h")
+    first = reserve(ledger, idempotency=key)
+    ledger.settle("acme", "alice", first.charge_ids, [], key, "{}")
+    reserve(ledger, idempotency=IdempotencyKey("fresh", "h"))
+    assert ledger.purge_expired() == 0
+    assert ledger.purge_expired(now=time.time() + IDEMPOTENCY_TTL_SECONDS + 60) == 2
+    with ledger.transaction() as cur:
+        left = ledger._execute(cur, "SELECT COUNT(*) FROM sentdp_idempotency").fetchone()[0]
+    assert left == 0
+    assert ledger.account("acme", "alice").spent_micro == 2 * MICRO  # charges are kept
 
 
 def test_concurrent_threads_never_overspend(ledger: SqlLedger) -> None:
@@ -237,3 +285,34 @@ def test_the_sql_admission_rule_is_the_python_one_at_its_boundaries(
             assert admitted == policy.admits(spent, charge), (spent, charge)
             cases += 1
     assert cases == 12
+
+
+@pytest.mark.postgres
+def test_a_dropped_postgres_connection_is_replaced_without_a_double_charge(
+    ledger_url: tuple[str, str],
+) -> None:
+    url, schema = ledger_url
+    if not url.startswith("postgres"):
+        pytest.skip("PostgreSQL only")
+    import psycopg
+
+    ledger = open_ledger(url, schema)
+    reserve(ledger)
+    with ledger.transaction() as cur:
+        pid = ledger._execute(cur, "SELECT pg_backend_pid()").fetchone()[0]
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    time.sleep(0.2)
+    reserve(ledger)  # BEGIN fails on the dead connection; one retry on a new one
+    assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
+    assert len(ledger.charges()) == 2
+    ledger.close()
+
+
+def test_a_new_sqlite_ledger_file_is_private(tmp_path: Path) -> None:
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'state' / 'ledger.sqlite3'}")
+    reserve(ledger)
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+    for path in (tmp_path / "state").iterdir():
+        assert path.stat().st_mode & 0o077 == 0, path  # the -wal and -shm files too
+    ledger.close()

@@ -73,17 +73,21 @@ def test_lookups_answer_only_for_versions_of_the_served_model(tmp_path: Path) ->
         "other-model:v1": ("other-model", "v1", other_version),
     }
 
+    asked: list[str] = []
+
     def load(tag: str) -> tuple[str, str | None, Path]:
+        asked.append(tag)
         return store[tag]
 
     lookups = Lookups(BUNDLE, "sentdp-unit:v1", load)
     assert lookups.labels("sentdp-unit:v1", [0, 41]).labels[1].candidate == 41
     assert lookups.labels("sentdp-unit:latest", [1]).model == "sentdp-unit:latest"
     assert lookups.bundle("sentdp-unit:v2") is lookups.bundle("sentdp-unit:latest")
-    for unknown in ("other-model:v1", "missing:v9"):
+    for unknown in ("other-model:v1", "missing:v9", "Sentdp-unit:v2", "sentdp-unit:V2", "::"):
         with pytest.raises(ApiError) as refused:
             lookups.labels(unknown, [0])
         assert refused.value.code == Code.UNKNOWN_MODEL
+    assert set(asked) == {"sentdp-unit:latest"}  # the store never saw the others
     with pytest.raises(ApiError) as refused:
         lookups.labels("sentdp-unit:v1", [0, 10_000])
     assert refused.value.code == Code.INVALID_CANDIDATE

@@ -1,0 +1,59 @@
+"""The ledger's tables and how an older database is brought up to date.
+
+Compatibility promise (``sentdp_meta.schema_version``): columns are never removed and never
+change meaning; new columns are nullable or have defaults, so an older sentdp keeps working
+on a newer database. Version 2 added ``sentdp_idempotency.status`` (the stored response's
+HTTP status) and an index for purging expired idempotency rows, and moved the body-HMAC
+secret out of the database.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 2
+
+
+def create_tables(autoincrement: str) -> list[str]:
+    """``CREATE TABLE IF NOT EXISTS`` statements of the current schema."""
+    return [
+        "CREATE TABLE IF NOT EXISTS sentdp_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE IF NOT EXISTS sentdp_accounts (
+            tenant TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            spent_micro BIGINT NOT NULL DEFAULT 0,
+            documents BIGINT NOT NULL DEFAULT 0,
+            period INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (tenant, user_id))""",
+        f"""CREATE TABLE IF NOT EXISTS sentdp_charges (
+            id {autoincrement},
+            tenant TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            period INTEGER NOT NULL,
+            micro BIGINT NOT NULL,
+            state TEXT NOT NULL,
+            request_id TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            settled_at DOUBLE PRECISION)""",
+        """CREATE TABLE IF NOT EXISTS sentdp_idempotency (
+            tenant TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            body_hmac TEXT NOT NULL,
+            state TEXT NOT NULL,
+            response TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (tenant, user_id, key))""",
+    ]
+
+
+ADDED_COLUMNS = [("sentdp_idempotency", "status", "INTEGER")]
+"""Columns added after version 1: (table, column, type); all nullable."""
+
+INDEXES = [
+    "CREATE INDEX IF NOT EXISTS sentdp_idempotency_created ON sentdp_idempotency (created_at)",
+]
+
+RECORD_VERSION = (
+    "INSERT INTO sentdp_meta (key, value) VALUES ('schema_version', :v) "
+    "ON CONFLICT (key) DO UPDATE SET value = excluded.value "
+    "WHERE CAST(sentdp_meta.value AS INTEGER) < CAST(excluded.value AS INTEGER)"
+)

@@ -1,0 +1,78 @@
+"""sentdp-admin: tenants and keys written privately and atomically; revocation reaches a
+running server's view of the tenants file without a restart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from service.admin import main
+from service.tenants import TenantRegistry, TenantSource
+
+
+@pytest.fixture
+def tenants_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "state" / "tenants.json"
+    monkeypatch.setenv("SENTDP_TENANTS_FILE", str(path))
+    monkeypatch.setenv("SENTDP_LEDGER_URL", f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    return path
+
+
+def new_key(tenant: str, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
+    main(["new-key", "--tenant", tenant, *extra])
+    return capsys.readouterr().out.strip()
+
+
+def test_keys_and_tenants_are_written_private(
+    tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = new_key("acme", capsys, "--key-file", str(tmp_path / "keys" / "acme"), "--budget", "7")
+    assert tenants_file.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "keys" / "acme").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "keys" / "acme").read_text().strip() == key
+    assert TenantRegistry.load(tenants_file).authenticate(key).budget == 7
+    assert sorted(p.name for p in tenants_file.parent.iterdir()) == ["tenants.json"]
+
+
+def test_revoking_one_key_or_all(tenants_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first = new_key("acme", capsys)
+    second = new_key("acme", capsys)
+    other = new_key("other", capsys)
+    main(["revoke-key", "--tenant", "acme", "--key", first])
+    registry = TenantRegistry.load(tenants_file)
+    assert registry.authenticate(first) is None
+    assert registry.authenticate(second).id == "acme"
+    with pytest.raises(SystemExit, match="not one of tenant 'acme'"):
+        main(["revoke-key", "--tenant", "acme", "--key", other])
+    main(["revoke-key", "--tenant", "acme", "--all"])
+    registry = TenantRegistry.load(tenants_file)
+    assert registry.authenticate(second) is None
+    assert registry.get("acme") is not None  # the tenant and its users' budgets remain
+    assert registry.authenticate(other).id == "other"
+    with pytest.raises(SystemExit, match="no tenant 'ghost'"):
+        main(["revoke-key", "--tenant", "ghost", "--all"])
+
+
+def test_a_running_source_sees_a_revocation_after_its_interval(
+    tenants_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = new_key("acme", capsys)
+    now = [0.0]
+    source = TenantSource(tenants_file, interval=1.0, clock=lambda: now[0])
+    assert source.registry().authenticate(key) is not None
+    main(["revoke-key", "--tenant", "acme", "--key", key])
+    assert source.registry().authenticate(key) is not None  # checked at most once a second
+    now[0] = 1.5
+    assert source.registry().authenticate(key) is None
+    tenants_file.write_text("{broken")  # a bad file keeps the last good registry
+    now[0] = 3.0
+    assert source.registry().get("acme") is not None
+
+
+def test_purge_reports_what_it_deleted(
+    tenants_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["purge"])
+    assert json.loads(capsys.readouterr().out) == {"purged_idempotency_rows": 0}

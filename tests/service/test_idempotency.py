@@ -1,0 +1,64 @@
+"""The body-HMAC secret lives in its own private file, survives rotation, and leaves the DB."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from service.errors import ApiError
+from service.idempotency import BodySigner, load_signer, read_secrets, write_new_secret_file
+from service.ledger import open_ledger
+from service.schemas import DocumentIn
+
+DOCS = [DocumentIn(text="One sentence. Another.")]
+
+
+def test_the_secret_file_is_created_private_and_once(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "secret"
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: write_new_secret_file(path, []), range(16)))
+    assert path.stat().st_mode & 0o777 == 0o600
+    (secret,) = read_secrets(path)
+    assert len(secret) == 32
+    assert sorted(p.name for p in path.parent.iterdir()) == ["secret"]  # no temporary left
+
+
+def test_a_version_1_secret_moves_out_of_the_database(tmp_path: Path) -> None:
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    with ledger.transaction() as cur:
+        ledger._execute(cur, "INSERT INTO sentdp_meta VALUES ('hmac_secret', :v)", {"v": "cd" * 32})
+    signer = load_signer(tmp_path / "secret", ledger)
+    assert signer.accepted == (bytes.fromhex("cd" * 32),)
+    assert signer.current != signer.accepted[0]
+    assert ledger.legacy_hmac_secret() is None
+    assert load_signer(tmp_path / "secret", ledger) == signer  # stable across restarts
+    ledger.close()
+
+
+def test_rotation_keeps_recent_keys_matching(tmp_path: Path) -> None:
+    old = BodySigner(b"o" * 32)
+    rotated = BodySigner(b"n" * 32, accepted=(b"o" * 32,))
+    stored = old.key("k", "privatize", "u", 1.0, DOCS)
+    retried = rotated.key("k", "privatize", "u", 1.0, DOCS)
+    assert stored is not None
+    assert retried is not None
+    assert retried.body_hmac != stored.body_hmac
+    assert retried.matches(stored.body_hmac)
+    other = rotated.key("k", "privatize", "u", 2.0, DOCS)
+    assert other is not None
+    assert not other.matches(stored.body_hmac)
+    assert BodySigner(b"x" * 32).key(None, "privatize", "u", 1.0, DOCS) is None
+    with pytest.raises(ApiError, match="printable"):
+        old.key("tab\tkey", "privatize", "u", 1.0, DOCS)
+
+
+def test_a_secret_file_with_nothing_usable_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_text("# only a comment\n")
+    with pytest.raises(ValueError, match="no secret"):
+        read_secrets(path)
+    path.write_text("abcd\n")
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        read_secrets(path)
