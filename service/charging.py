@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sentdp.accounting import Charge, charge_for, epsilon_of_charge, to_epsilon
+from sentdp.accounting import Charge, epsilon_of_charge, to_epsilon
 from sentdp.bundle import Bundle, PChoice
-from sentdp.errors import InputError, LimitError
 from sentdp.mechanism import privacy_slack
-from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
+from sentdp.text import SentenceSplitter
 from service.errors import ApiError, Code
 from service.idempotency import BodySigner
 from service.ledger import (
@@ -45,8 +43,10 @@ from service.ledger import (
 )
 from service.logs import log_event, logger
 from service.metrics import metric
-from service.schemas import DocumentIn, PrivatizeResponse, WorkItem, WorkResult
+from service.scheduling import TenantLoad
+from service.schemas import DocumentIn, PrivatizeResponse, WorkItem, WorkRequest, WorkResult
 from service.tenants import Tenant
+from service.validation import Limits, charge_of, finite_epsilon, request_sentences
 from service.views import budget_view, exhausted_error, private_document, refunded_error
 
 MECHANISM = "deepcandidate"
@@ -64,8 +64,8 @@ class WorkerOutcomeUnknownError(Exception):
         self.code = code
 
 
-Worker = Callable[[list[WorkItem]], Awaitable[list[WorkResult]]]
-"""Runs the mechanism for a list of items; raises the two exceptions above on failure."""
+Worker = Callable[[WorkRequest], Awaitable[list[WorkResult]]]
+"""Runs the mechanism for one request's items; raises the two exceptions above on failure."""
 
 
 @dataclass(frozen=True)
@@ -87,11 +87,12 @@ class ChargedRequest:
 
 @dataclass(frozen=True)
 class Reply:
-    """What to send back: a status and a JSON body (already serialised)."""
+    """What to send back: a status, a JSON body (already serialised) and extra headers."""
 
     status: int
     body: str
     replayed: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -107,13 +108,9 @@ class Admission:
     def charge(self) -> Charge:
         return Charge(MECHANISM, self.micro, len(self.sentences))
 
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-request size limits of the service."""
-
-    max_documents: int
-    text: TextLimits
+    @property
+    def sentence_count(self) -> int:
+        return sum(len(s) for s in self.sentences)
 
 
 class Charging:
@@ -134,6 +131,7 @@ class Charging:
         self.worker = worker
         self.limits = limits
         self.signer = signer
+        self.load = TenantLoad(limits.tenant_inflight_sentences)
         self.splitter = SentenceSplitter()
         self.slack = {v.record.name: privacy_slack(v.record.candidates) for v in bundle.variants}
 
@@ -142,14 +140,9 @@ class Charging:
         started = time.perf_counter()
         try:
             admission = self.validate(request)
-            reserved = await self.reserve(request, admission)
-            if isinstance(reserved, Replay):
-                metric("replays").labels(request.tenant.id).inc()
-                reply = Reply(reserved.status, reserved.response, replayed=True)
-            else:
-                reply = await self.run_and_settle(request, admission, reserved)
+            reply = await self._admitted(request, admission)
         except ApiError as error:
-            reply = Reply(error.status, error.json())
+            reply = Reply(error.status, error.json(), headers=error.headers)
             code: str | None = error.code.value
         else:
             code = None
@@ -168,23 +161,33 @@ class Charging:
         )
         return reply
 
+    async def _admitted(self, request: ChargedRequest, admission: Admission) -> Reply:
+        """Reserve, run and settle while the request counts against its tenant's load."""
+        tenant = request.tenant.id
+        if not self.load.try_acquire(tenant, admission.sentence_count):
+            metric("busy").labels(tenant).inc()
+            raise ApiError(
+                Code.TENANT_BUSY,
+                f"this tenant has {self.load.limit} sentences in flight at most; "
+                "retry when earlier requests have finished",
+                headers={"Retry-After": "1"},
+            )
+        try:
+            reserved = await self.reserve(request, admission)
+            if isinstance(reserved, Replay):
+                metric("replays").labels(tenant).inc()
+                return Reply(reserved.status, reserved.response, replayed=True)
+            return await self.run_and_settle(request, admission, reserved)
+        finally:
+            self.load.release(tenant, admission.sentence_count)
+
     # --- validate ------------------------------------------------------------------------
     def validate(self, request: ChargedRequest) -> Admission:
         """Check everything about the request that needs no database; raise ApiError."""
-        epsilon = request.epsilon
-        if not math.isfinite(epsilon) or epsilon <= 0:
-            raise ApiError(
-                Code.INVALID_EPSILON, f"epsilon must be a finite number above 0, got {epsilon!r}"
-            )
-        choice = self.bundle.manifest.choice_for(epsilon)
-        micro = self._charge(epsilon, request.tenant, self.slack[choice.variant])
-        if len(request.documents) > self.limits.max_documents:
-            raise ApiError(
-                Code.TOO_MANY_DOCUMENTS,
-                f"{len(request.documents)} documents in one request; the limit is "
-                f"{self.limits.max_documents}",
-            )
-        sentences = [self._sentences(n, doc) for n, doc in enumerate(request.documents)]
+        choice = self.bundle.manifest.choice_for(finite_epsilon(request.epsilon))
+        slack = self.slack[choice.variant]
+        micro = charge_of(request.epsilon, request.tenant.max_epsilon, slack)
+        sentences = request_sentences(request.documents, self.splitter, self.limits)
         key = self.signer.key(
             request.idempotency_key,
             request.endpoint,
@@ -193,32 +196,6 @@ class Charging:
             request.documents,
         )
         return Admission(choice, micro, sentences, key)
-
-    def _charge(self, epsilon: float, tenant: Tenant, slack: float) -> int:
-        if epsilon <= slack:
-            raise ApiError(
-                Code.INVALID_EPSILON,
-                f"epsilon must be a finite number above {slack:.2g}, got {epsilon!r}",
-            )
-        if epsilon > tenant.max_epsilon:
-            raise ApiError(
-                Code.INVALID_EPSILON,
-                f"epsilon {epsilon:g} is above this tenant's maximum of {tenant.max_epsilon:g}",
-            )
-        try:
-            return charge_for(epsilon)
-        except InputError as error:
-            raise ApiError(Code.INVALID_EPSILON, str(error)) from None
-
-    def _sentences(self, position: int, document: DocumentIn) -> list[str]:
-        try:
-            if document.sentences is not None:
-                return prepare_sentences(document.sentences, self.limits.text)
-            return split_document(document.text or "", self.splitter, self.limits.text)
-        except LimitError as error:
-            raise ApiError(Code.DOCUMENT_TOO_LARGE, f"document {position}: {error}") from None
-        except InputError as error:
-            raise ApiError(Code.INVALID_DOCUMENT, f"document {position}: {error}") from None
 
     # --- reserve -------------------------------------------------------------------------
     async def reserve(self, request: ChargedRequest, admission: Admission) -> Reservation | Replay:
@@ -272,8 +249,14 @@ class Charging:
             )
             for charge_id, sentences in zip(reserved.charge_ids, admission.sentences, strict=True)
         ]
+        work = WorkRequest(
+            request_id=request.request_id,
+            tenant=request.tenant.id,
+            deadline=time.time() + self.limits.start_timeout,
+            items=items,
+        )
         try:
-            results = await self._run(request, items)
+            results = await self._run(request, work)
         except WorkerOutcomeUnknownError as unknown:
             # Some documents may have sampled: every charge is final, the key is released.
             await self._settle(request, admission, reserved.charge_ids, [], None)
@@ -292,10 +275,11 @@ class Charging:
             )
         return reply
 
-    async def _run(self, request: ChargedRequest, items: list[WorkItem]) -> list[WorkResult]:
+    async def _run(self, request: ChargedRequest, work: WorkRequest) -> list[WorkResult]:
         started = time.perf_counter()
+        items = work.items
         try:
-            results = await self.worker(items)
+            results = await self.worker(work)
         except WorkerNotRunError as not_run:
             logger.warning(
                 "worker did not run (request %s): %s", request.request_id, not_run, exc_info=True

@@ -27,6 +27,8 @@ class Code(StrEnum):
     INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
     DOCUMENT_TOO_LARGE = "document_too_large"
     TOO_MANY_DOCUMENTS = "too_many_documents"
+    REQUEST_TOO_LARGE = "request_too_large"
+    TENANT_BUSY = "tenant_busy"
     BUDGET_EXHAUSTED = "budget_exhausted"
     UNKNOWN_MODEL = "unknown_model"
     IDEMPOTENCY_KEY_IN_FLIGHT = "idempotency_key_in_flight"
@@ -49,6 +51,8 @@ STATUS: dict[Code, HTTPStatus] = {
     Code.INVALID_IDEMPOTENCY_KEY: HTTPStatus.BAD_REQUEST,
     Code.DOCUMENT_TOO_LARGE: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
     Code.TOO_MANY_DOCUMENTS: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    Code.REQUEST_TOO_LARGE: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    Code.TENANT_BUSY: HTTPStatus.TOO_MANY_REQUESTS,
     Code.BUDGET_EXHAUSTED: HTTPStatus.PAYMENT_REQUIRED,
     Code.UNKNOWN_MODEL: HTTPStatus.NOT_FOUND,
     Code.IDEMPOTENCY_KEY_IN_FLIGHT: HTTPStatus.CONFLICT,
@@ -69,10 +73,13 @@ def envelope(code: Code, message: str, **details: Any) -> dict[str, Any]:
 class ApiError(Exception):
     """A refusal: its code (hence its status), what to fix, and optional extra fields."""
 
-    def __init__(self, code: Code, message: str, **details: Any) -> None:
+    def __init__(
+        self, code: Code, message: str, headers: dict[str, str] | None = None, **details: Any
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.details = details
+        self.headers = headers or {}
 
     @property
     def status(self) -> int:

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from sentdp.bundle import Bundle
 from sentdp.text import TextLimits
 from service import logs
-from service.charging import ChargedRequest, Charging, Limits, Reply
+from service.charging import ChargedRequest, Charging, Reply
 from service.errors import ApiError, Code, classify_forms_error
 from service.guard import GuardMiddleware
 from service.idempotency import load_signer
@@ -33,11 +33,12 @@ from service.schemas import (
     DocumentIn,
     PrivatizeRequest,
     PrivatizeResponse,
-    WorkItem,
+    WorkRequest,
     WorkResult,
 )
 from service.settings import ServiceSettings, boot_settings, load_settings
 from service.tenants import Tenant, TenantRegistry, TenantSource
+from service.validation import Limits
 from service.views import budget_view
 from service.worker import Worker
 from service.worker_client import call_worker, harden
@@ -80,6 +81,9 @@ class Gateway:
         limits = Limits(
             self.settings.max_documents,
             TextLimits(self.settings.max_sentences, self.settings.max_sentence_chars),
+            self.settings.max_request_sentences,
+            self.settings.tenant_inflight_sentences,
+            self.settings.worker_start_timeout_ms / 1000,
         )
         signer = load_signer(self.settings.idempotency_secret_file, self.ledger)
         self.charging = Charging(bundle, version, self.ledger, self._run_worker, limits, signer)
@@ -151,11 +155,11 @@ class Gateway:
         )
         return self._respond(ctx, await self.charging.handle(request))
 
-    async def _run_worker(self, items: list[WorkItem]) -> list[WorkResult]:
+    async def _run_worker(self, work: WorkRequest) -> list[WorkResult]:
         batched = self.settings.adaptive_batching and (
-            sum(len(item.sentences) for item in items) <= self.settings.batch_max_sentences
+            sum(len(item.sentences) for item in work.items) <= self.settings.batch_max_sentences
         )
-        return await call_worker(self.worker, items, batched)
+        return await call_worker(self.worker, work, batched)
 
     def _tenant(self, ctx: bentoml.Context) -> Tenant | None:
         tenant_id = getattr(ctx.request.state, "sentdp_tenant", None)
@@ -164,7 +168,7 @@ class Gateway:
     @staticmethod
     def _respond(ctx: bentoml.Context, reply: Reply) -> Response:
         ctx.response.status_code = reply.status
-        headers = {"Idempotent-Replayed": "true"} if reply.replayed else None
+        headers = {**reply.headers, **({"Idempotent-Replayed": "true"} if reply.replayed else {})}
         if headers:
             ctx.response.headers.update(headers)
         return Response(
@@ -175,7 +179,7 @@ class Gateway:
     def _error(ctx: bentoml.Context, error: ApiError) -> Any:
         """A JSONResponse (Any: the APIs declare their success model for the OpenAPI spec)."""
         ctx.response.status_code = error.status
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def unauthorized() -> ApiError:

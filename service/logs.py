@@ -78,6 +78,21 @@ def redacted_traceback(error: BaseException) -> str:
 _REDACT = RedactExceptionMessages()
 
 
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of each record."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def configure(level: int = logging.INFO) -> None:
     """Give the service's logger its JSON handler, and redact exception messages on every
     handler configured so far (BentoML's, uvicorn's, the root's). Idempotent."""
@@ -90,7 +105,7 @@ def configure(level: int = logging.INFO) -> None:
             handler.addFilter(_REDACT)
     if any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter())
     handler.addFilter(_REDACT)
     logger.addHandler(handler)

@@ -24,6 +24,8 @@ _SPECS: dict[str, tuple[str, str, tuple[str, ...], dict[str, Any]]] = {
         {"buckets": (0.1, 0.5, 1, 3, 6, 10, 23, 50, 100, 1000)},
     ),
     "refusals": ("Counter", "sentdp_budget_refusals", ("tenant",), {}),
+    "busy": ("Counter", "sentdp_tenant_busy_refusals", ("tenant",), {}),
+    "late_requests": ("Counter", "sentdp_worker_late_requests", (), {}),
     "replays": ("Counter", "sentdp_idempotent_replays", ("tenant",), {}),
     "refunds": ("Counter", "sentdp_refunded_documents", ("reason",), {}),
     "ledger_seconds": (

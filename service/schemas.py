@@ -144,6 +144,19 @@ class WorkItem(BaseModel):
     p: int
 
 
+class WorkRequest(BaseModel):
+    """One charged request for the worker. It reaches the worker whole (adaptive batching
+    never splits it), so a cancelled batch never takes half of a request with it."""
+
+    request_id: str
+    tenant: str
+    """Whose turn it is (see :mod:`service.scheduling`); never logged with content."""
+    deadline: float
+    """Wall-clock time (Unix seconds) by which the computation must start; a request that
+    has not started by then draws no randomness and is refunded."""
+    items: list[WorkItem]
+
+
 class WorkResult(BaseModel):
     """The worker's answer for one item. ``sampled`` is False only if no randomness was drawn."""
 
@@ -151,3 +164,9 @@ class WorkResult(BaseModel):
     """Global candidate id (the variant's offset plus its index in the variant)."""
     sampled: bool
     error: str | None = None
+
+
+class WorkReply(BaseModel):
+    """The worker's results for one :class:`WorkRequest`, in the order of its items."""
+
+    results: list[WorkResult]

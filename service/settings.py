@@ -14,7 +14,7 @@ import functools
 from pathlib import Path
 
 import platformdirs
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -43,7 +43,17 @@ class ServiceSettings(BaseSettings):
     """Bearer token that /metrics requires; /metrics answers 403 while unset (its series, such
     as batch sizes in sentences, would let a reader infer a request's k)."""
     max_documents: int = Field(default=16, ge=1)
-    max_sentences: int = Field(default=2000, ge=1)
+    max_sentences: int = Field(default=1000, ge=1)
+    """Sentences in one document (more is refused with 413; k is public)."""
+    max_request_sentences: int = Field(default=1000, ge=1)
+    """Sentences in one request, all documents together: the largest request (about 7 s of
+    encoding on 2 CPU cores) must finish well within the worker's timeout."""
+    tenant_inflight_sentences: int = Field(default=1000, ge=1)
+    """Sentences one tenant may have in flight per gateway process; beyond, 429 and nothing
+    charged. At least ``max_request_sentences``, so the largest request is admissible."""
+    worker_start_timeout_ms: int = Field(default=30_000, ge=100)
+    """A request whose computation has not started this long after its charge is refunded
+    (it draws nothing); well below the worker's timeout, so no answer is lost after sampling."""
     max_sentence_chars: int = Field(default=2000, ge=1)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(default=32, ge=4)
@@ -69,6 +79,19 @@ class ServiceSettings(BaseSettings):
     sample_journal: Path | None = None
     """When set, the worker appends each charge id here before drawing its randomness (audits,
     fault tests); the journal holds ids only, never text."""
+
+    @model_validator(mode="after")
+    def _largest_request_is_admissible(self) -> ServiceSettings:
+        if self.tenant_inflight_sentences < self.max_request_sentences:
+            raise ValueError(
+                "SENTDP_TENANT_INFLIGHT_SENTENCES must be at least SENTDP_MAX_REQUEST_SENTENCES"
+            )
+        if self.worker_start_timeout_ms >= self.worker_max_latency_ms * 2:
+            raise ValueError(
+                "SENTDP_WORKER_START_TIMEOUT_MS must stay below the worker's timeout "
+                "(2 x SENTDP_WORKER_MAX_LATENCY_MS)"
+            )
+        return self
 
 
 def load_settings() -> ServiceSettings:

@@ -1,14 +1,18 @@
 """The batched worker: encodes sentences and runs DeepCandidate for a whole adaptive batch.
 
-A batch mixes documents of different users, k, epsilon and p. Everything that can fail runs
-before any randomness is drawn (encoding, recoding, validation, selection plans), and such a
-failure answers ``sampled=False`` for every item, which lets the gateway refund. After the
-plans are built, each item's charge id is appended to the optional sample journal, then the
-random words are drawn: from that point the charges are final whatever happens.
+A batch holds whole requests (:class:`~service.schemas.WorkRequest`) of different users, k,
+epsilon and p; BentoML never splits one. One computation runs at a time, tenants taking turns
+(:mod:`service.scheduling`); a request whose deadline passed before its turn draws nothing.
+Everything that can fail runs before any randomness is drawn (encoding, recoding, validation,
+selection plans), and an item whose preparation fails answers ``sampled=False`` alone, which
+lets the gateway refund it. After the plans are built, each item's charge id is appended to
+the optional sample journal, then the random words are drawn: from that point the charges are
+final whatever happens.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -20,7 +24,8 @@ import numpy as np
 from sentdp.mechanism import DeepCandidate
 from service import logs
 from service.metrics import metric
-from service.schemas import WorkItem, WorkResult
+from service.scheduling import BATCH_KEY, FairGate
+from service.schemas import WorkItem, WorkReply, WorkRequest, WorkResult
 from service.settings import boot_settings, load_settings
 
 BOOT = boot_settings()
@@ -42,6 +47,7 @@ class Worker:
     def __init__(self) -> None:
         logs.configure()
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts
         import torch
 
         from sentdp.bundle import Bundle
@@ -55,11 +61,13 @@ class Worker:
         self.encoder = SentenceEncoder(
             self.bundle.encoder_dir, settings.device, settings.encode_batch_size
         )
+        self.encoder_mode = self._batch_invariant_encoder()
         device = self.encoder.device if self.encoder.device.startswith("cuda") else None
         self.variants = {v.record.name: v for v in self.bundle.variants}
         self.mechanisms = {name: v.mechanism(device=device) for name, v in self.variants.items()}
         self.journal = settings.sample_journal
         self.fault_marker = settings.fault_marker
+        self.gate = FairGate()
         self.encoder.encode(["Warm up the encoder."])
 
     @bentoml.api(
@@ -67,50 +75,109 @@ class Worker:
         max_batch_size=BOOT.worker_batch_size,
         max_latency_ms=BOOT.worker_max_latency_ms,
     )
-    def privatize(self, items: list[WorkItem]) -> list[WorkResult]:
-        """Adaptive-batched: items of many requests are merged into one call."""
-        return self._run(items)
+    def privatize(self, requests: list[WorkRequest]) -> list[WorkReply]:
+        """Adaptive-batched: whole requests of many tenants are merged into one call."""
+        return self._run(requests, BATCH_KEY)
 
     @bentoml.api
-    def privatize_unbatched(self, items: list[WorkItem]) -> list[WorkResult]:
-        """The same work without adaptive batching (one request's items per call)."""
-        return self._run(items)
+    def privatize_unbatched(self, requests: list[WorkRequest]) -> list[WorkReply]:
+        """The same work without adaptive batching: one large request, in its tenant's turn."""
+        return self._run(requests, requests[0].tenant if requests else BATCH_KEY)
 
-    def _run(self, items: list[WorkItem]) -> list[WorkResult]:
-        started = time.perf_counter()
-        metric("batch_documents").observe(len(items))
-        results = [
-            WorkResult(sampled=False, error=f"this worker serves {self.version}, not {i.model}")
-            for i in items
-        ]
-        mine = [
-            n
-            for n, item in enumerate(items)
-            if item.model == self.version and item.variant in self.variants
-        ]
-        if not mine:
-            return results
-        try:
-            plans = self._plans([items[n] for n in mine])
-        except Exception as error:
-            for n in mine:
-                results[n] = WorkResult(
-                    sampled=False, error=f"{type(error).__name__} before sampling"
+    def _batch_invariant_encoder(self) -> str:
+        """On CUDA, check that a sentence's encoding does not depend on its batch; if it does,
+        encode in fixed-shape batches with deterministic kernels, and if that still fails,
+        on the CPU. Returns the mode, which the log states."""
+        from sentdp.encoders import (
+            SentenceEncoder,
+            batch_invariance_violations,
+            use_deterministic_kernels,
+        )
+
+        device = self.encoder.device
+        if not device.startswith("cuda"):
+            logs.log_event("encoder_batch_invariance", device=device, mode="cpu")
+            return "cpu"
+        violations = batch_invariance_violations(self.encoder)
+        mode = "cuda"
+        if violations:
+            mode = "cuda-fixed-batch"
+            try:
+                use_deterministic_kernels()
+                self.encoder = SentenceEncoder(
+                    self.encoder.path, device, self.encoder.batch_size, fixed_batch=True
                 )
-            return results
+                violations = batch_invariance_violations(self.encoder)
+            except RuntimeError:
+                logs.logger.exception("deterministic CUDA encoding failed")
+                violations = ["deterministic kernels unavailable"]
+        if violations:
+            mode = "cpu-fallback"
+            self.encoder = SentenceEncoder(self.encoder.path, "cpu", self.encoder.batch_size)
+        level = logging.WARNING if mode != "cuda" else logging.INFO
+        logs.log_event("encoder_batch_invariance", level, device=device, mode=mode)
+        return mode
+
+    def _run(self, requests: list[WorkRequest], key: str) -> list[WorkReply]:
+        with self.gate.turn(key):
+            return self._compute(requests)
+
+    def _compute(self, requests: list[WorkRequest]) -> list[WorkReply]:
+        started = time.perf_counter()
+        now = time.time()
+        replies = [
+            [WorkResult(sampled=False, error="not started before its deadline")] * len(r.items)
+            for r in requests
+        ]
+        live: list[tuple[int, int, WorkItem]] = []
+        for r, request in enumerate(requests):
+            if now > request.deadline:
+                metric("late_requests").inc()
+                continue
+            for i, item in enumerate(request.items):
+                if item.model != self.version or item.variant not in self.variants:
+                    error = f"this worker serves {self.version}, not {item.model}/{item.variant}"
+                    replies[r][i] = WorkResult(sampled=False, error=error)
+                else:
+                    live.append((r, i, item))
+        metric("batch_documents").observe(len(live))
+        plans = self._plans([item for _, _, item in live])
+        ready = [(r, i, item, plan) for (r, i, item), plan in zip(live, plans, strict=True)]
+        for r, i, _, plan in ready:
+            if isinstance(plan, str):
+                replies[r][i] = WorkResult(sampled=False, error=plan)
+        ready = [entry for entry in ready if not isinstance(entry[3], str)]
         metric("worker_seconds").labels("prepare").observe(time.perf_counter() - started)
-        self._journal([items[n] for n in mine])
-        chosen = DeepCandidate.draw_plans(plans)
-        self._inject_fault([items[n] for n in mine], "after")
-        for n, local in zip(mine, chosen, strict=True):
-            offset = self.variants[items[n].variant].record.offset
-            results[n] = WorkResult(candidate=offset + int(local), sampled=True)
+        if ready:
+            self._journal([item for _, _, item, _ in ready])
+            chosen = DeepCandidate.draw_plans([plan for *_, plan in ready])
+            self._inject_fault([item for _, _, item, _ in ready], "after")
+            for (r, i, item, _), local in zip(ready, chosen, strict=True):
+                offset = self.variants[item.variant].record.offset
+                replies[r][i] = WorkResult(candidate=offset + int(local), sampled=True)
         metric("worker_seconds").labels("total").observe(time.perf_counter() - started)
-        return results
+        return [WorkReply(results=results) for results in replies]
 
     def _plans(self, items: list[WorkItem]) -> list[Any]:
-        """Encode once with G, recode and plan each item in its variant: all the work that
-        draws no randomness. Plans come back in the order of ``items``."""
+        """A selection plan per item, or the reason it has none: all the work that draws no
+        randomness. Done for the whole batch at once; if that fails, item by item, so that
+        one item's failure never keeps the others from running."""
+        if not items:
+            return []
+        try:
+            return self._plan_together(items)
+        except Exception:
+            logs.logger.exception("planning a batch failed; planning its items one by one")
+        plans: list[Any] = []
+        for item in items:
+            try:
+                plans.extend(self._plan_together([item]))
+            except Exception as error:
+                plans.append(f"{type(error).__name__} before sampling")
+        return plans
+
+    def _plan_together(self, items: list[WorkItem]) -> list[Any]:
+        """Encode once with G, recode and plan each item in its variant, in item order."""
         from sentdp.encoders import recode
 
         self._inject_fault(items, "before")

@@ -31,19 +31,20 @@ from urllib.parse import urlparse
 
 from service.charging import WorkerNotRunError, WorkerOutcomeUnknownError
 from service.errors import Code
-from service.schemas import WorkItem, WorkResult
+from service.schemas import WorkReply, WorkRequest, WorkResult
 
 
-async def call_worker(proxy: Any, items: list[WorkItem], batched: bool) -> list[WorkResult]:
-    """The worker's results for ``items`` through the adaptive-batched endpoint or its
+async def call_worker(proxy: Any, work: WorkRequest, batched: bool) -> list[WorkResult]:
+    """The worker's results for one request through the adaptive-batched endpoint or its
     non-batchable twin; failures raised as :class:`WorkerNotRunError` or
-    :class:`WorkerOutcomeUnknownError`."""
+    :class:`WorkerOutcomeUnknownError`. The request travels as one batch item, so BentoML
+    never splits it between a batch that runs and one that is cancelled."""
     import aiohttp
     import bentoml
 
     endpoint = proxy.to_async.privatize if batched else proxy.to_async.privatize_unbatched
     try:
-        results = await endpoint(items)
+        replies = await endpoint([work])
     except aiohttp.ClientConnectorError as error:
         raise WorkerNotRunError("worker unreachable") from error
     except bentoml.exceptions.BentoMLException as error:
@@ -58,7 +59,9 @@ async def call_worker(proxy: Any, items: list[WorkItem], batched: bool) -> list[
             Code.WORKER_RESPONSE_LOST,
             "the worker's answer was lost after the budget was charged; the charge stands",
         ) from error
-    return [r if isinstance(r, WorkResult) else WorkResult.model_validate(r) for r in results]
+    (reply,) = replies
+    parsed = reply if isinstance(reply, WorkReply) else WorkReply.model_validate(reply)
+    return parsed.results
 
 
 def harden(proxy: Any) -> None:

@@ -8,7 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sentdp.encoders import MLP, SentenceEncoder, recode
+from sentdp.encoders import (
+    INVARIANCE_PROBES,
+    MLP,
+    SentenceEncoder,
+    batch_invariance_violations,
+    recode,
+)
 from sentdp.errors import InputError
 
 TARGET = "The central bank raised interest rates by a quarter of a point on Thursday."
@@ -39,6 +45,26 @@ def test_unbucketed_encoding_is_not_batch_independent_which_is_why_buckets_exist
     alone = model.encode([TARGET], convert_to_numpy=True)[0]
     mixed = model.encode([TARGET, *LONGER], convert_to_numpy=True)[0]
     assert np.abs(alone - mixed).max() > 0
+
+
+def test_the_start_up_check_passes_on_the_cpu_with_and_without_fixed_batches(encoder) -> None:
+    probes = INVARIANCE_PROBES[:4]
+    assert batch_invariance_violations(encoder, probes, batch_sizes=(2, 5)) == []
+    fixed = SentenceEncoder(encoder.path, "cpu", batch_size=4, fixed_batch=True)
+    assert batch_invariance_violations(fixed, probes, batch_sizes=(2, 5)) == []
+    np.testing.assert_array_equal(fixed.encode([TARGET]), encoder.encode([TARGET]))
+
+
+def test_the_start_up_check_catches_an_encoder_that_depends_on_its_batch(
+    encoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def padded_to_the_longest(sentences):  # type: ignore[no-untyped-def]
+        return encoder._model.encode(list(sentences), convert_to_numpy=True)
+
+    monkeypatch.setattr(encoder, "encode", padded_to_the_longest)
+    found = batch_invariance_violations(encoder, INVARIANCE_PROBES[:3], batch_sizes=(3,))
+    assert found
+    assert all(line.startswith("probe ") for line in found)  # no sentence text in the report
 
 
 def test_embeddings_are_unit_vectors_of_the_encoder_size(encoder) -> None:

@@ -9,6 +9,7 @@ does, so tests can check that nothing sampled is ever refunded.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from sentdp.bundle import Bundle, BundleManifest, CorpusRecord, PChoice, Variant
 from sentdp.mechanism import DeepCandidate
 from service.charging import WorkerNotRunError, WorkerOutcomeUnknownError
 from service.errors import Code
-from service.schemas import WorkItem, WorkResult
+from service.schemas import WorkRequest, WorkResult
 
 DIM = 8
 LABELS = ["business", "sport", "tech"]
@@ -87,7 +88,8 @@ class FakeWorker:
     """Runs the bundle's real mechanism; ``mode`` injects the failures of a real deployment.
 
     ``ok``; ``not_run`` (refused before dispatch); ``after`` (fails after sampling);
-    ``partial`` (the first item fails before sampling, the others sample).
+    ``partial`` (the first item fails before sampling, the others sample). Like the real
+    worker, a request whose deadline has passed draws nothing.
     """
 
     bundle: Bundle
@@ -95,12 +97,16 @@ class FakeWorker:
     journal: list[int] = field(default_factory=list)
     calls: int = 0
 
-    async def __call__(self, items: list[WorkItem]) -> list[WorkResult]:
+    async def __call__(self, work: WorkRequest) -> list[WorkResult]:
         self.calls += 1
         if self.mode == "not_run":
             raise WorkerNotRunError("worker busy (cancelled before dispatch)")
+        if time.time() > work.deadline:
+            return [WorkResult(sampled=False, error="not started before its deadline")] * len(
+                work.items
+            )
         results: list[WorkResult] = []
-        for n, item in enumerate(items):
+        for n, item in enumerate(work.items):
             if self.mode == "partial" and n == 0:
                 results.append(WorkResult(sampled=False, error="ValueError before sampling"))
                 continue

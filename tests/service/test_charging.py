@@ -13,11 +13,12 @@ import pytest
 
 from sentdp.accounting import MICRO
 from sentdp.text import TextLimits
-from service.charging import ChargedRequest, Charging, Limits, Reply
+from service.charging import ChargedRequest, Charging, Reply
 from service.idempotency import BodySigner
 from service.ledger import SqlLedger, open_ledger
 from service.schemas import DocumentIn
 from service.tenants import Tenant
+from service.validation import Limits
 from service.views import label_of
 from tests.service.fakes import FakeWorker, tiny_bundle
 
@@ -35,8 +36,20 @@ def ledger(tmp_path: Path) -> SqlLedger:
     opened.close()
 
 
-def charging(ledger: SqlLedger, worker: FakeWorker, max_documents: int = 4) -> Charging:
-    limits = Limits(max_documents, TextLimits(max_sentences=10, max_sentence_chars=200))
+def charging(
+    ledger: SqlLedger,
+    worker: FakeWorker,
+    max_documents: int = 4,
+    inflight: int = 30,
+    start_timeout: float = 30.0,
+) -> Charging:
+    limits = Limits(
+        max_documents,
+        TextLimits(max_sentences=10, max_sentence_chars=200),
+        max_request_sentences=20,
+        tenant_inflight_sentences=inflight,
+        start_timeout=start_timeout,
+    )
     return Charging(BUNDLE, VERSION, ledger, worker, limits, BodySigner(b"k" * 32))
 
 
@@ -172,9 +185,9 @@ def test_a_concurrent_duplicate_gets_409(ledger: SqlLedger) -> None:
     gate = asyncio.Event()
     inner = FakeWorker(BUNDLE)
 
-    async def slow(items):  # type: ignore[no-untyped-def]
+    async def slow(work):  # type: ignore[no-untyped-def]
         await gate.wait()
-        return await inner(items)
+        return await inner(work)
 
     flow = charging(ledger, slow)  # type: ignore[arg-type]
 
@@ -200,6 +213,7 @@ def test_a_concurrent_duplicate_gets_409(ledger: SqlLedger) -> None:
         (1e-9, None, None, 400, "invalid_epsilon"),
         (1.0, [{"text": "A."}] * 5, None, 413, "too_many_documents"),
         (1.0, [{"sentences": ["x"] * 11}], None, 413, "document_too_large"),
+        (1.0, [{"sentences": ["x"] * 10}] * 3, None, 413, "request_too_large"),
         (1.0, [{"text": "   "}], None, 400, "invalid_document"),
         (1.0, None, "", 400, "invalid_idempotency_key"),
         (1.0, None, "bad\nkey", 400, "invalid_idempotency_key"),
@@ -269,3 +283,47 @@ def test_the_log_holds_no_request_text(
     assert any("exception" in e for e in events)  # the failure was logged with its traceback
     assert marker not in err
     assert "u-marker" not in err
+
+
+def test_a_tenant_over_its_in_flight_work_gets_429_and_others_do_not(ledger: SqlLedger) -> None:
+    gate = asyncio.Event()
+    inner = FakeWorker(BUNDLE)
+
+    async def slow(work):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return await inner(work)
+
+    flow = charging(ledger, slow, inflight=12)  # type: ignore[arg-type]
+    ten = [{"sentences": [f"s{n}." for n in range(10)]}]
+
+    async def scenario() -> list[Reply]:
+        held = asyncio.create_task(flow.handle(request(documents=ten)))
+        await asyncio.sleep(0.1)
+        busy = await flow.handle(request(user="bob", documents=ten))  # 10 + 10 > 12
+        other = asyncio.create_task(flow.handle(request(tenant=PAIRS, documents=ten)))
+        await asyncio.sleep(0.1)
+        gate.set()
+        done = [await held, busy, await other]
+        after = await flow.handle(request(user="bob", documents=ten))  # released again
+        return [*done, after]
+
+    held, busy, other, after = asyncio.run(scenario())
+    assert (held.status, busy.status, other.status, after.status) == (200, 429, 200, 200)
+    assert json.loads(busy.body)["error"]["code"] == "tenant_busy"
+    assert busy.headers == {"Retry-After": "1"}
+    assert ledger.account("acme", "bob").spent_micro == 2 * MICRO  # the 429 charged nothing
+
+
+def test_a_request_that_cannot_start_in_time_is_refunded(ledger: SqlLedger) -> None:
+    inner = FakeWorker(BUNDLE)
+
+    async def queued(work):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.3)  # waits behind other work past its deadline
+        return await inner(work)
+
+    flow = charging(ledger, queued, start_timeout=0.1)  # type: ignore[arg-type]
+    reply, body = run(flow, request())
+    assert reply.status == 503
+    assert "deadline" in body["error"]["message"]
+    assert states(ledger) == ["refunded"]
+    assert inner.journal == []

@@ -1,0 +1,81 @@
+"""Sharing the worker between tenants: bounded work in flight, and turns at the encoder.
+
+A gateway process admits at most a fixed number of sentences in flight per tenant
+(:class:`TenantLoad`; more is refused with 429 before anything is charged).
+
+The worker's encoder uses every core, so running two batches at once only makes both late.
+:class:`FairGate` lets one computation run at a time; when it ends, the waiter whose key was
+served least recently goes next (first come, first served within a key). Unbatched calls
+(large requests) wait under their tenant's key and adaptive batches under one shared key, so
+a tenant flooding large requests delays another tenant's request by at most one computation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
+
+BATCH_KEY = "adaptive-batch"
+"""The key under which adaptive batches (requests of several tenants) take their turns."""
+
+
+class FairGate:
+    """A lock granted round-robin over keys, FIFO within a key."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._busy = False
+        self._waiting: list[tuple[Hashable, int]] = []
+        self._last_served: dict[Hashable, int] = {}
+        self._tickets = itertools.count()
+        self._serves = itertools.count()
+
+    @contextmanager
+    def turn(self, key: Hashable) -> Iterator[None]:
+        """Wait for this key's turn, hold the gate for the body, then pass it on."""
+        with self._condition:
+            ticket = (key, next(self._tickets))
+            self._waiting.append(ticket)
+            while self._busy or self._next() != ticket:
+                self._condition.wait()
+            self._waiting.remove(ticket)
+            self._busy = True
+            self._last_served[key] = next(self._serves)
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._busy = False
+                self._condition.notify_all()
+
+    def _next(self) -> tuple[Hashable, int]:
+        return min(self._waiting, key=lambda t: (self._last_served.get(t[0], -1), t[1]))
+
+    def waiting(self) -> int:
+        """How many computations are waiting for their turn."""
+        with self._condition:
+            return len(self._waiting)
+
+
+class TenantLoad:
+    """Sentences each tenant has in flight in this process (one event loop: no lock)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._inflight: dict[str, int] = {}
+
+    def try_acquire(self, tenant: str, sentences: int) -> bool:
+        current = self._inflight.get(tenant, 0)
+        if current + sentences > self.limit:
+            return False
+        self._inflight[tenant] = current + sentences
+        return True
+
+    def release(self, tenant: str, sentences: int) -> None:
+        left = self._inflight.get(tenant, 0) - sentences
+        if left > 0:
+            self._inflight[tenant] = left
+        else:
+            self._inflight.pop(tenant, None)

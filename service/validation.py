@@ -1,0 +1,96 @@
+"""Checks of a charged request that need no database: epsilon, sizes, the sentences.
+
+Pure functions raising :class:`~service.errors.ApiError`; messages name positions, counts
+and limits, never text.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sentdp.accounting import charge_for
+from sentdp.errors import InputError, LimitError
+from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
+from service.errors import ApiError, Code
+from service.schemas import DocumentIn
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size limits per request, and how much work one tenant may have in flight."""
+
+    max_documents: int
+    text: TextLimits
+    max_request_sentences: int = 1000
+    """Sentences of all documents of one request: the largest request must finish well
+    within the worker's timeout."""
+    tenant_inflight_sentences: int = 1000
+    """Sentences one tenant may have in flight in this gateway process; more is refused
+    with 429 before anything is charged."""
+    start_timeout: float = 30.0
+    """Seconds a request may wait for the worker; one not started by then is refunded."""
+
+
+def finite_epsilon(epsilon: float) -> float:
+    """``epsilon`` if it is a finite number above 0; 400 otherwise."""
+    if not math.isfinite(epsilon) or epsilon <= 0:
+        raise ApiError(
+            Code.INVALID_EPSILON, f"epsilon must be a finite number above 0, got {epsilon!r}"
+        )
+    return epsilon
+
+
+def charge_of(epsilon: float, max_epsilon: float, slack: float) -> int:
+    """Micro-epsilon charged for one document at ``epsilon``: above the mechanism's slack,
+    at most the tenant's maximum."""
+    if epsilon <= slack:
+        raise ApiError(
+            Code.INVALID_EPSILON,
+            f"epsilon must be a finite number above {slack:.2g}, got {epsilon!r}",
+        )
+    if epsilon > max_epsilon:
+        raise ApiError(
+            Code.INVALID_EPSILON,
+            f"epsilon {epsilon:g} is above this tenant's maximum of {max_epsilon:g}",
+        )
+    try:
+        return charge_for(epsilon)
+    except InputError as error:
+        raise ApiError(Code.INVALID_EPSILON, str(error)) from None
+
+
+def request_sentences(
+    documents: list[DocumentIn], splitter: SentenceSplitter, limits: Limits
+) -> list[list[str]]:
+    """Every document's sentences (the privacy units), within the size limits."""
+    if len(documents) > limits.max_documents:
+        raise ApiError(
+            Code.TOO_MANY_DOCUMENTS,
+            f"{len(documents)} documents in one request; the limit is {limits.max_documents}",
+        )
+    sentences = [
+        document_sentences(n, doc, splitter, limits.text) for n, doc in enumerate(documents)
+    ]
+    total = sum(len(s) for s in sentences)
+    if total > limits.max_request_sentences:
+        raise ApiError(
+            Code.REQUEST_TOO_LARGE,
+            f"{total} sentences in one request; the limit is {limits.max_request_sentences} "
+            "(send the documents in several requests)",
+        )
+    return sentences
+
+
+def document_sentences(
+    position: int, document: DocumentIn, splitter: SentenceSplitter, limits: TextLimits
+) -> list[str]:
+    """One document's sentences: given ones prepared, or raw text split."""
+    try:
+        if document.sentences is not None:
+            return prepare_sentences(document.sentences, limits)
+        return split_document(document.text or "", splitter, limits)
+    except LimitError as error:
+        raise ApiError(Code.DOCUMENT_TOO_LARGE, f"document {position}: {error}") from None
+    except InputError as error:
+        raise ApiError(Code.INVALID_DOCUMENT, f"document {position}: {error}") from None

@@ -1,0 +1,130 @@
+"""Tenants cannot hurt each other, and overload never refunds a sampled document: a flooding
+tenant against an ordinary one, and a short latency goal under many concurrent requests, on a
+real server with a sample journal."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.ledger import open_ledger
+from tests.support import Server, TenantSpec, read_journal, write_tenants
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+FLOOD = TenantSpec("flood", "sdp_test_flood_key_0123456789abcdef", 10.0, 1, 1e6)
+CALM = TenantSpec("calm", "sdp_test_calm_key_0123456789abcdef", 10.0, 1, 1e6)
+
+
+def start(quick_bundle_tag: str, folder: Path, **env: str) -> Server:
+    base = {
+        "SENTDP_MODEL": quick_bundle_tag,
+        "SENTDP_TENANTS_FILE": str(write_tenants(folder / "tenants.json", (FLOOD, CALM))),
+        "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
+        "SENTDP_SAMPLE_JOURNAL": str(folder / "journal.txt"),
+    }
+    return Server(base | env, log=folder / "server.log").start()
+
+
+def check_charges(server: Server, folder: Path) -> dict[str, Counter]:
+    """No refunded charge was sampled; returns the charge states per tenant."""
+    ledger = open_ledger(server.env["SENTDP_LEDGER_URL"])
+    charges = ledger.charges()
+    sampled = read_journal(folder / "journal.txt")
+    refunded = {c["id"] for c in charges if c["state"] == "refunded"}
+    assert not refunded & sampled, "a refunded charge had been sampled"
+    states: dict[str, Counter] = {}
+    for charge in charges:
+        states.setdefault(charge["tenant"], Counter())[charge["state"]] += 1
+    ledger.close()
+    return states
+
+
+def test_a_flooding_tenant_does_not_make_another_pay_or_fail(
+    quick_bundle_tag: str, tmp_path: Path
+) -> None:
+    server = start(quick_bundle_tag, tmp_path)
+    flood_statuses: Counter = Counter()
+    stop = threading.Event()
+
+    def flood(thread: int) -> None:
+        documents = [{"sentences": [f"Flood {thread} line {n} of many." for n in range(1000)]}]
+        body = {"user": f"f{thread}", "epsilon": 1.0, "documents": documents}
+        headers = {"Authorization": f"Bearer {FLOOD.key}"}
+        with httpx.Client(base_url=server.url, headers=headers, timeout=300) as http:
+            while not stop.is_set():
+                flood_statuses[http.post("/privatize", json=body).status_code] += 1
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=flood, args=(t,)) for t in range(6)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(3)  # the flood is in full swing
+        calm = []
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {CALM.key}"}, timeout=300
+        ) as http:
+            for n in range(5):
+                body = {
+                    "user": "c",
+                    "epsilon": 1.0,
+                    "documents": [{"text": f"An ordinary note {n}. It is short. Nothing more."}],
+                }
+                started = time.perf_counter()
+                response = http.post("/privatize", json=body)
+                calm.append((response.status_code, time.perf_counter() - started))
+        stop.set()
+        for thread in threads:
+            thread.join(300)
+    finally:
+        stop.set()
+        server.stop()
+    assert [status for status, _ in calm] == [200] * 5, calm
+    assert set(flood_statuses) <= {200, 429}, flood_statuses
+    assert flood_statuses[429] > 0  # the flood hit its in-flight bound
+    states = check_charges(server, tmp_path)
+    assert states["calm"] == Counter({"final": 5})  # every calm charge bought an embedding
+    print(f"calm latencies (s): {[round(s, 2) for _, s in calm]}; flood: {dict(flood_statuses)}")
+
+
+def test_overload_never_refunds_a_sampled_document(quick_bundle_tag: str, tmp_path: Path) -> None:
+    server = start(
+        quick_bundle_tag,
+        tmp_path,
+        SENTDP_WORKER_MAX_LATENCY_MS="400",
+        SENTDP_WORKER_START_TIMEOUT_MS="300",
+        SENTDP_WORKER_BATCH_SIZE="4",
+    )
+    try:
+
+        async def fire() -> list[int]:
+            headers = {"Authorization": f"Bearer {CALM.key}"}
+            async with httpx.AsyncClient(
+                base_url=server.url, headers=headers, timeout=300, limits=httpx.Limits()
+            ) as http:
+
+                async def one(i: int) -> int:
+                    documents = [
+                        {"text": f"Request {i} document {d}. " + "More words here. " * 6}
+                        for d in range(4)
+                    ]
+                    body = {"user": f"o{i % 5}", "epsilon": 1.0, "documents": documents}
+                    return (await http.post("/privatize", json=body)).status_code
+
+                return list(await asyncio.gather(*(one(i) for i in range(48))))
+
+        statuses = Counter(asyncio.run(fire()))
+    finally:
+        server.stop()
+    assert set(statuses) <= {200, 502, 503}, statuses
+    assert statuses[503] > 0, statuses  # the latency goal was missed: some work was refused
+    states = check_charges(server, tmp_path)
+    assert states["calm"]["refunded"] > 0
+    print(f"overload statuses: {dict(statuses)}; charges: {dict(states['calm'])}")

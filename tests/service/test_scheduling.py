@@ -1,0 +1,56 @@
+"""The worker's gate: one computation at a time, keys served round-robin."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from service.scheduling import FairGate
+
+
+def test_a_flooding_key_does_not_starve_another() -> None:
+    gate = FairGate()
+    order: list[str] = []
+    release = threading.Event()
+
+    def work(key: str, label: str) -> None:
+        with gate.turn(key):
+            order.append(label)
+            if label == "A0":
+                release.wait(5)
+
+    first = threading.Thread(target=work, args=("A", "A0"))
+    first.start()
+    time.sleep(0.05)
+    threads = []
+    for label, key in [("A1", "A"), ("A2", "A"), ("A3", "A"), ("B1", "B"), ("B2", "B")]:
+        thread = threading.Thread(target=work, args=(key, label))
+        thread.start()
+        threads.append(thread)
+        time.sleep(0.05)  # arrival order: A1, A2, A3, B1, B2
+    assert gate.waiting() == 5
+    release.set()
+    for thread in [first, *threads]:
+        thread.join(5)
+    assert order == ["A0", "B1", "A1", "B2", "A2", "A3"]
+
+
+def test_only_one_computation_runs_at_a_time() -> None:
+    gate = FairGate()
+    running = []
+    peak = []
+
+    def work(key: int) -> None:
+        with gate.turn(key % 3):
+            running.append(key)
+            peak.append(len(running))
+            time.sleep(0.002)
+            running.remove(key)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(30)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert max(peak) == 1
+    assert len(peak) == 30
