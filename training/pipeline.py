@@ -40,7 +40,6 @@ VERSIONED_PACKAGES = (
     "numpy",
     "scikit-learn",
     "bentoml",
-    "nupunkt",
 )
 
 

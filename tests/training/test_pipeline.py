@@ -38,7 +38,7 @@ def test_the_quick_bundle_is_in_the_store_and_loads_back(
     manifest = quick_bundle.manifest
     assert manifest.corpus.labels == ["business", "entertainment", "politics", "sports", "tech"]
     assert manifest.corpus.is_public
-    assert manifest.splitter["name"] == "nupunkt"
+    assert manifest.splitter["name"] == "sentdp-left-context"
     assert [c.epsilon for c in manifest.p_table] == [1.0, 10.0]
     assert {c.variant for c in manifest.p_table} == {"paper"}
     (variant,) = quick_bundle.variants
