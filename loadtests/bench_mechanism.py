@@ -121,7 +121,11 @@ def main() -> None:
         single_rate = 8 / median_seconds(single, args.repeats)
         batch_rate = len(docs) / median_seconds(batch, max(3, args.repeats // 2))
         rates[name] = (single_rate, batch_rate)
+    print_table(args, rates)
 
+
+def print_table(args: argparse.Namespace, rates: dict[str, tuple[float, float]]) -> None:
+    """Documents per second of each implementation, and the ratio to the numpy baseline."""
     print(
         f"m={args.m} p={args.p} d={args.d} k={args.k} epsilon={args.epsilon} "
         f"threads: {blas_threads()}; median of {args.repeats} repeats"

@@ -18,10 +18,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
 
+from service.ledger import SqlLedger, open_ledger
 from service.tenants import Tenant, TenantsFile, hash_key
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout (bentoml serve runs from here)
@@ -191,6 +193,34 @@ class Server:
 def client(server: Server, key: str | None, timeout: float = 120.0) -> httpx.Client:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.Client(base_url=server.url, headers=headers, timeout=timeout)
+
+
+TEXT = (
+    "Shares in the carmaker rose sharply on Monday. Analysts said the results beat "
+    "expectations. The firm will raise its dividend. Its chief executive was upbeat."
+)
+"""A four-sentence document for requests."""
+
+
+def privatize(  # type: ignore[no-untyped-def]
+    server: Server, user: str, epsilon: float = 1.0, key: str = TENANTS[0].key, **body
+):
+    """POST /privatize of :data:`TEXT` for ``user``."""
+    payload = {"user": user, "epsilon": epsilon, "documents": [{"text": TEXT}], **body}
+    with client(server, key) as http:
+        return http.post("/privatize", json=payload)
+
+
+def ledger_of(server: Server) -> SqlLedger:
+    return open_ledger(server.env["SENTDP_LEDGER_URL"])
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    """The error object of an error response (which holds nothing else)."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error: dict[str, Any] = body["error"]
+    return error
 
 
 def read_journal(path: Path) -> set[int]:

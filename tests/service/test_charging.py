@@ -69,6 +69,16 @@ def run(flow: Charging, req: ChargedRequest) -> tuple[Reply, dict]:
     return reply, json.loads(reply.body)
 
 
+def gated(worker: FakeWorker, gate: asyncio.Event):  # type: ignore[no-untyped-def]
+    """The worker, held until ``gate`` is set (a request in flight)."""
+
+    async def held(work):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return await worker(work)
+
+    return held
+
+
 def states(ledger: SqlLedger) -> list[str]:
     return [c["state"] for c in ledger.charges()]
 
@@ -183,13 +193,7 @@ def test_a_retry_with_the_same_key_replays_without_a_second_charge(ledger: SqlLe
 
 def test_a_concurrent_duplicate_gets_409(ledger: SqlLedger) -> None:
     gate = asyncio.Event()
-    inner = FakeWorker(BUNDLE)
-
-    async def slow(work):  # type: ignore[no-untyped-def]
-        await gate.wait()
-        return await inner(work)
-
-    flow = charging(ledger, slow)  # type: ignore[arg-type]
+    flow = charging(ledger, gated(FakeWorker(BUNDLE), gate))  # type: ignore[arg-type]
 
     async def both() -> list[Reply]:
         first = asyncio.create_task(flow.handle(request(idempotency_key="same")))
@@ -287,13 +291,7 @@ def test_the_log_holds_no_request_text(
 
 def test_a_tenant_over_its_in_flight_work_gets_429_and_others_do_not(ledger: SqlLedger) -> None:
     gate = asyncio.Event()
-    inner = FakeWorker(BUNDLE)
-
-    async def slow(work):  # type: ignore[no-untyped-def]
-        await gate.wait()
-        return await inner(work)
-
-    flow = charging(ledger, slow, inflight=12)  # type: ignore[arg-type]
+    flow = charging(ledger, gated(FakeWorker(BUNDLE), gate), inflight=12)  # type: ignore[arg-type]
     ten = [{"sentences": [f"s{n}." for n in range(10)]}]
 
     async def scenario() -> list[Reply]:

@@ -1,0 +1,109 @@
+"""Refunds over real HTTP: failures before sampling are refunded (alone), failures after it
+never are; keys are revoked on a running server; lookups and user ids are bounded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support import TENANTS, TEXT, client, error_of, ledger_of, privatize, read_journal
+
+pytestmark = pytest.mark.server
+
+ACME = TENANTS[0]
+
+
+def test_failure_before_the_mechanism_is_refunded(server) -> None:
+    journal = Path(server.env["SENTDP_SAMPLE_JOURNAL"])
+    payload = {
+        "user": "f-user",
+        "epsilon": 1.0,
+        "documents": [{"sentences": ["FAULT:before", "x"]}],
+    }
+    with client(server, ACME.key) as http:
+        response = http.post("/privatize", json=payload, headers={"Idempotency-Key": "f1"})
+        retry = http.post("/privatize", json=payload, headers={"Idempotency-Key": "f1"})
+    assert response.status_code == 503, response.text
+    assert error_of(response)["code"] == "worker_unavailable"
+    assert retry.status_code == 503  # the key was released, so the retry ran (and failed) again
+    ledger = ledger_of(server)
+    assert ledger.account("acme", "f-user").spent_micro == 0
+    charges = [c for c in ledger.charges("acme") if c["user"] == "f-user"]
+    assert [c["state"] for c in charges] == ["refunded", "refunded"]
+    assert not {c["id"] for c in charges} & read_journal(journal)
+
+
+def test_failure_after_the_mechanism_is_never_refunded(server) -> None:
+    journal = Path(server.env["SENTDP_SAMPLE_JOURNAL"])
+    payload = {"user": "a-user", "epsilon": 1.0, "documents": [{"sentences": ["FAULT:after", "x"]}]}
+    with client(server, ACME.key) as http:
+        response = http.post("/privatize", json=payload)
+    assert response.status_code == 500, response.text
+    assert error_of(response)["code"] == "mechanism_failed"
+    ledger = ledger_of(server)
+    assert ledger.account("acme", "a-user").spent_micro == 1_000_000
+    (charge,) = [c for c in ledger.charges("acme") if c["user"] == "a-user"]
+    assert charge["state"] in {"reserved", "final"}
+    assert charge["id"] in read_journal(journal)
+
+
+def test_one_failing_document_is_refunded_alone_and_the_replay_keeps_503(server) -> None:
+    journal = Path(server.env["SENTDP_SAMPLE_JOURNAL"])
+    payload = {
+        "user": "pf-user",
+        "epsilon": 1.0,
+        "documents": [{"sentences": ["FAULT:before", "x"]}, {"text": TEXT}],
+    }
+    with client(server, ACME.key) as http:
+        response = http.post("/privatize", json=payload, headers={"Idempotency-Key": "pf1"})
+        replay = http.post("/privatize", json=payload, headers={"Idempotency-Key": "pf1"})
+    assert response.status_code == 503, response.text
+    (released,) = error_of(response)["released"]
+    assert released["k"] == 4
+    assert (replay.status_code, replay.text) == (503, response.text)
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    charges = [c for c in ledger_of(server).charges("acme") if c["user"] == "pf-user"]
+    assert [c["state"] for c in charges] == ["refunded", "final"]
+    assert charges[0]["id"] not in read_journal(journal)
+    assert charges[1]["id"] in read_journal(journal)
+
+
+def test_a_key_revoked_on_a_running_server_stops_working(server) -> None:
+    import time
+
+    from service.admin import add_key, revoke_keys
+
+    tenants_file = Path(server.env["SENTDP_TENANTS_FILE"])
+    key = add_key(tenants_file, "acme", 10.0, 1, 100.0)
+
+    def status() -> int:
+        with client(server, key) as http:
+            return http.post("/budget", json={"user": "rk-user"}).status_code
+
+    def settles_on(expected: int) -> bool:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if all(status() == expected for _ in range(4)):  # both gateway processes
+                return True
+            time.sleep(0.2)
+        return False
+
+    assert settles_on(200)  # a new key works without a restart
+    assert revoke_keys(tenants_file, "acme", key) == 1
+    assert settles_on(401)  # and a revoked one stops working without a restart
+    assert privatize(server, "rk-user").status_code == 200  # the tenant's other key still works
+
+
+def test_free_lookups_are_bounded_and_users_validated_everywhere(server) -> None:
+    model = server.env["SENTDP_MODEL"]
+    with client(server, ACME.key) as http:
+        many = http.post("/classify", json={"model": model, "candidates": [0] * 1001})
+        enough = http.post("/classify", json={"model": model, "candidates": [0] * 1000})
+        nul = http.post(
+            "/classify", json={"user": "a\u0000b", "epsilon": 1.0, "documents": [{"text": TEXT}]}
+        )
+    assert many.status_code == 400, many.text
+    assert enough.status_code == 200
+    assert len(enough.json()["labels"]) == 1000
+    assert nul.status_code == 400, nul.text
