@@ -67,19 +67,24 @@ _CLOSERS = "\"'\u201d\u2019\u00bb)]"
 _QUOTES = "\"'\u201d\u2019\u00bb"
 _WORD_EDGES = "\"'\u201c\u201d\u2018\u2019\u00ab\u00bb([{)]}"
 _ACRONYM = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
+_ALNUM = re.compile(r"[^\W_]")
 
 
 def ends_sentence(segment_so_far: str, mark: str) -> bool:
     """Whether ``mark`` (end punctuation and closers, followed by whitespace) ends the segment
     whose text so far is ``segment_so_far``: a function of the segment's own text alone."""
+    words = segment_so_far.split()
+    return _ends(words[-1] if words else "", _ALNUM.search(segment_so_far) is not None, mark)
+
+
+def _ends(last_word: str, has_alnum: bool, mark: str) -> bool:
     core = mark.rstrip(_CLOSERS)
     closers = mark[len(core) :]
-    if "\u2026" in core or ".." in core or not any(c.isalnum() for c in segment_so_far):
+    if "\u2026" in core or ".." in core or not has_alnum:
         return False
     if "!" in core or "?" in core:
         return not any(c in _QUOTES for c in closers)
-    words = segment_so_far.split()
-    word = words[-1].strip(_WORD_EDGES) if words else ""
+    word = last_word.strip(_WORD_EDGES)
     if word.lower() in ABBREVIATIONS:
         return False
     if len(word) == 1 and word.isalpha():
@@ -88,17 +93,29 @@ def ends_sentence(segment_so_far: str, mark: str) -> bool:
 
 
 def segment_spans(paragraph: str) -> Iterator[tuple[int, int]]:
-    """Spans of the segments of one paragraph, decided left to right (see the module)."""
+    """Spans of the segments of one paragraph, decided left to right (see the module).
+
+    Linear in the paragraph's length: each character is scanned a bounded number of times
+    (the last word before a mark never reaches back past the previous mark's whitespace).
+    """
     size = len(paragraph)
-    start = len(paragraph) - len(paragraph.lstrip())
+    start = scanned = size - len(paragraph.lstrip())
+    has_alnum = False
     for match in _CANDIDATE.finditer(paragraph):
         if match.start() < start:
             continue
-        if ends_sentence(paragraph[start : match.start()], match.group()):
+        if not has_alnum:
+            has_alnum = _ALNUM.search(paragraph, scanned, match.start()) is not None
+            scanned = match.start()
+        word_start = match.start()
+        while word_start > start and not paragraph[word_start - 1].isspace():
+            word_start -= 1
+        if _ends(paragraph[word_start : match.start()], has_alnum, match.group()):
             yield start, match.end()
             start = match.end()
             while start < size and paragraph[start].isspace():
                 start += 1
+            scanned, has_alnum = start, False
     if paragraph[start:].strip():
         yield start, len(paragraph.rstrip())
 

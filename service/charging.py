@@ -139,7 +139,7 @@ class Charging:
         """Run one request to its reply; every refusal becomes an error reply."""
         started = time.perf_counter()
         try:
-            admission = self.validate(request)
+            admission = await asyncio.to_thread(self.validate, request)  # splitting is CPU work
             reply = await self._admitted(request, admission)
         except ApiError as error:
             reply = Reply(error.status, error.json(), headers=error.headers)
@@ -265,9 +265,7 @@ class Charging:
         refund = [i.charge_id for i, r in zip(items, results, strict=True) if not r.sampled]
         reply = self._reply(request, admission, reserved, results)
         stored = reply if final else None  # nothing sampled: free the key for a retry
-        settled = await self._settle(request, admission, final, refund, stored)
-        if not settled and refund:
-            raise ApiError(Code.LEDGER_UNAVAILABLE, "the ledger failed; retry")
+        await self._settle(request, admission, final, refund, stored)  # failure: still counted
         if final:
             metric("documents").labels(request.tenant.id).inc(len(final))
             metric("sentences").labels(request.tenant.id).inc(
@@ -355,6 +353,7 @@ class Charging:
                 admission.key,
                 stored.body if stored else None,
                 stored.status if stored else 200,
+                request.request_id,
             )
         except Exception:
             logger.exception("ledger settle failed (request %s)", request.request_id)

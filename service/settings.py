@@ -86,6 +86,12 @@ class ServiceSettings(BaseSettings):
             raise ValueError(
                 "SENTDP_TENANT_INFLIGHT_SENTENCES must be at least SENTDP_MAX_REQUEST_SENTENCES"
             )
+        if self.idempotency_pending_seconds <= self.worker_max_latency_ms / 1000 * 2 + 30:
+            raise ValueError(
+                "SENTDP_IDEMPOTENCY_PENDING_SECONDS must exceed the gateway's timeout "
+                "(2 x SENTDP_WORKER_MAX_LATENCY_MS + 30 s), or a running request's key "
+                "could be taken over"
+            )
         if self.worker_start_timeout_ms >= self.worker_max_latency_ms * 2:
             raise ValueError(
                 "SENTDP_WORKER_START_TIMEOUT_MS must stay below the worker's timeout "

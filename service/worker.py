@@ -29,6 +29,9 @@ from service.schemas import WorkItem, WorkReply, WorkRequest, WorkResult
 from service.settings import boot_settings, load_settings
 
 BOOT = boot_settings()
+WORKER_CALLERS = 64
+"""Threads that may wait inside the worker at once: BentoML's default of one would queue
+calls first come, first served before they reach the gate that lets tenants take turns."""
 
 
 def _resources() -> dict[str, Any]:
@@ -38,6 +41,7 @@ def _resources() -> dict[str, Any]:
 @bentoml.service(
     name="sentdp-worker",
     workers=1,
+    threads=WORKER_CALLERS,
     resources=_resources(),
     traffic={"timeout": BOOT.worker_max_latency_ms / 1000 * 2},
 )

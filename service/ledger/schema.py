@@ -3,8 +3,8 @@
 Compatibility promise (``sentdp_meta.schema_version``): columns are never removed and never
 change meaning; new columns are nullable or have defaults, so an older sentdp keeps working
 on a newer database. Version 2 added ``sentdp_idempotency.status`` (the stored response's
-HTTP status) and an index for purging expired idempotency rows, and moved the body-HMAC
-secret out of the database.
+HTTP status) and ``sentdp_idempotency.request_id`` (the request that owns the key), an index
+for purging expired idempotency rows, and moved the body-HMAC secret out of the database.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ def create_tables(autoincrement: str) -> list[str]:
     ]
 
 
-ADDED_COLUMNS = [("sentdp_idempotency", "status", "INTEGER")]
+ADDED_COLUMNS = [
+    ("sentdp_idempotency", "status", "INTEGER"),
+    ("sentdp_idempotency", "request_id", "TEXT"),
+]
 """Columns added after version 1: (table, column, type); all nullable."""
 
 INDEXES = [

@@ -48,6 +48,11 @@ PURGE_INTERVAL_SECONDS = 60.0
 """How often one process purges expired idempotency rows (on its next reserve)."""
 
 _NAMED = re.compile(r":([a-z_]+)")
+_OWNED_KEY = (
+    "WHERE tenant = :t AND user_id = :u AND key = :k AND "
+    "(CAST(:rid AS TEXT) IS NULL OR request_id IS NULL OR request_id = :rid)"
+)
+"""An idempotency row, if the request ``:rid`` still owns it (any owner when ``:rid`` is null)."""
 
 
 class SqlLedger(abc.ABC):
@@ -210,12 +215,11 @@ class SqlLedger(abc.ABC):
         :class:`IdempotencyMismatchError`; on any of them nothing is written.
         """
         now = time.time()
-        if idempotency is not None:
-            self._purge_now_and_then(now)
+        self._purge_now_and_then(now)
         params = {"t": tenant, "u": user}
         with self.transaction() as cur:
             if idempotency is not None:
-                replay = self._claim_key(cur, tenant, user, idempotency, now)
+                replay = self._claim_key(cur, tenant, user, idempotency, now, request_id)
                 if replay is not None:
                     return replay
             self._execute(
@@ -255,8 +259,10 @@ class SqlLedger(abc.ABC):
         return Reservation(ids, account)
 
     def _claim_key(
-        self, cur: Any, tenant: str, user: str, key: IdempotencyKey, now: float
+        self, cur: Any, tenant: str, user: str, key: IdempotencyKey, now: float, request_id: str
     ) -> Replay | None:
+        """Claim the key for ``request_id``, or find its stored response. Only an expired key
+        may change body; an abandoned one (pending too long) is taken over by the same body."""
         params = {"t": tenant, "u": user, "k": key.key}
         select = (
             "SELECT body_hmac, state, response, created_at, status FROM sentdp_idempotency "
@@ -267,9 +273,9 @@ class SqlLedger(abc.ABC):
             body_hmac, state, response, created, status = row
             expired = now - float(created) > IDEMPOTENCY_TTL_SECONDS
             abandoned = state == "pending" and now - float(created) > self.pending_timeout
+            if not expired and not key.matches(str(body_hmac)):
+                raise IdempotencyMismatchError
             if not (expired or abandoned):
-                if not key.matches(str(body_hmac)):
-                    raise IdempotencyMismatchError
                 if state == "done":
                     return Replay(str(response), int(status) if status is not None else 200)
                 raise IdempotencyInFlightError
@@ -280,10 +286,11 @@ class SqlLedger(abc.ABC):
             )
         inserted = self._execute(
             cur,
-            "INSERT INTO sentdp_idempotency (tenant, user_id, key, body_hmac, state, created_at) "
-            "VALUES (:t, :u, :k, :h, 'pending', :now) "
+            "INSERT INTO sentdp_idempotency "
+            "(tenant, user_id, key, body_hmac, state, created_at, request_id) "
+            "VALUES (:t, :u, :k, :h, 'pending', :now, :rid) "
             "ON CONFLICT (tenant, user_id, key) DO NOTHING RETURNING key",
-            params | {"h": key.body_hmac, "now": now},
+            params | {"h": key.body_hmac, "now": now, "rid": request_id},
         ).fetchone()
         if inserted is None:  # a concurrent request inserted it first
             raise IdempotencyInFlightError
@@ -298,12 +305,14 @@ class SqlLedger(abc.ABC):
         idempotency: IdempotencyKey | None = None,
         response: str | None = None,
         status: int = 200,
+        request_id: str | None = None,
     ) -> Account:
         """Finalise and refund charges, and store or release the idempotency key, atomically.
 
         Only charges still ``reserved`` move; a refund returns exactly what was debited.
         With ``response`` (and its HTTP ``status``) the key is marked done and later retries
-        replay it; without, the key is released for a retry.
+        replay it; without, the key is released for a retry. With ``request_id``, only a key
+        this request still owns is touched (another request may have taken it over).
         """
         now = time.time()
         with self.transaction() as cur:
@@ -330,22 +339,29 @@ class SqlLedger(abc.ABC):
                         {"m": int(row[0]), "p": int(row[1]), "t": tenant, "u": user},
                     )
             if idempotency is not None:
-                params = {"t": tenant, "u": user, "k": idempotency.key}
-                if response is not None:
-                    self._execute(
-                        cur,
-                        "UPDATE sentdp_idempotency SET state = 'done', response = :r, "
-                        "status = :s WHERE tenant = :t AND user_id = :u AND key = :k",
-                        params | {"r": response, "s": status},
-                    )
-                else:
-                    self._execute(
-                        cur,
-                        "DELETE FROM sentdp_idempotency "
-                        "WHERE tenant = :t AND user_id = :u AND key = :k",
-                        params,
-                    )
+                self._store_key(cur, tenant, user, idempotency.key, response, status, request_id)
             return self._account(cur, tenant, user)
+
+    def _store_key(
+        self,
+        cur: Any,
+        tenant: str,
+        user: str,
+        key: str,
+        response: str | None,
+        status: int,
+        request_id: str | None,
+    ) -> None:
+        params = {"t": tenant, "u": user, "k": key, "rid": request_id}
+        if response is not None:
+            self._execute(
+                cur,
+                "UPDATE sentdp_idempotency SET state = 'done', response = :r, status = :s "  # noqa: S608 (constants)
+                + _OWNED_KEY,
+                params | {"r": response, "s": status},
+            )
+        else:
+            self._execute(cur, "DELETE FROM sentdp_idempotency " + _OWNED_KEY, params)  # noqa: S608 (constants)
 
     def new_period(self, tenant: str, user: str) -> Account:
         """Operator command: start a new accounting period (Σε back to 0) for one user."""

@@ -325,3 +325,17 @@ def test_a_request_that_cannot_start_in_time_is_refunded(ledger: SqlLedger) -> N
     assert "deadline" in body["error"]["message"]
     assert states(ledger) == ["refunded"]
     assert inner.journal == []
+
+
+def test_sampled_documents_are_returned_even_when_settling_a_refund_fails(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("connection lost")
+
+    flow = charging(ledger, FakeWorker(BUNDLE, mode="partial"))
+    monkeypatch.setattr(ledger, "settle", broken)
+    reply, body = run(flow, request(documents=[{"text": TEXT}] * 2))
+    assert reply.status == 503
+    assert len(body["error"]["released"]) == 1  # the sampled document is not thrown away
+    assert states(ledger) == ["reserved", "reserved"]  # both still counted: never under

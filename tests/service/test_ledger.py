@@ -147,6 +147,25 @@ def test_abandoned_pending_keys_are_processed_as_new_requests(ledger_url: tuple[
     ledger.close()
 
 
+def test_an_abandoned_key_belongs_to_whoever_took_it_over(ledger_url: tuple[str, str]) -> None:
+    ledger = open_ledger(*ledger_url, pending_timeout=0.05)
+    key = IdempotencyKey("k1", "hmac-a")
+    first = ledger.reserve("acme", "alice", ONE, POLICY, "req-a", key)
+    time.sleep(0.1)
+    with pytest.raises(IdempotencyMismatchError):  # only an expired key may change body
+        ledger.reserve("acme", "alice", ONE, POLICY, "req-x", IdempotencyKey("k1", "hmac-b"))
+    second = ledger.reserve("acme", "alice", ONE, POLICY, "req-b", key)
+    assert isinstance(first, Reservation)
+    assert isinstance(second, Reservation)
+    # The slow first request finishes: it must neither store over nor release the new owner's key.
+    ledger.settle("acme", "alice", first.charge_ids, [], key, '{"first": 1}', 200, "req-a")
+    with pytest.raises(IdempotencyInFlightError):
+        ledger.reserve("acme", "alice", ONE, POLICY, "req-c", key)
+    ledger.settle("acme", "alice", second.charge_ids, [], key, '{"second": 2}', 200, "req-b")
+    assert ledger.reserve("acme", "alice", ONE, POLICY, "req-d", key) == Replay('{"second": 2}')
+    ledger.close()
+
+
 def test_new_period_starts_from_zero_and_old_refunds_do_not_touch_it(ledger: SqlLedger) -> None:
     old = reserve(ledger)
     account = ledger.new_period("acme", "alice")
