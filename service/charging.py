@@ -22,7 +22,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,13 @@ from service.metrics import metric
 from service.scheduling import TenantLoad
 from service.schemas import DocumentIn, PrivatizeResponse, WorkItem, WorkRequest, WorkResult
 from service.tenants import Tenant
-from service.validation import Limits, charge_of, finite_epsilon, request_sentences
+from service.validation import (
+    Limits,
+    charge_of,
+    check_cost,
+    finite_epsilon,
+    request_sentences,
+)
 from service.views import budget_view, exhausted_error, private_document, refunded_error
 
 MECHANISM = "deepcandidate"
@@ -62,6 +68,14 @@ class WorkerOutcomeUnknownError(Exception):
     def __init__(self, code: Code, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+Cost = Callable[[Sequence[str]], list[int]]
+"""Each sentence's encoding cost in padded tokens (:class:`sentdp.encoders.TokenCounter`)."""
+
+
+def one_per_sentence(sentences: Sequence[str]) -> list[int]:
+    return [1] * len(sentences)
 
 
 Worker = Callable[[WorkRequest], Awaitable[list[WorkResult]]]
@@ -103,14 +117,12 @@ class Admission:
     micro: int
     sentences: list[list[str]]
     key: IdempotencyKey | None
+    cost: int
+    """Padded tokens the worker will encode: what the request weighs against its tenant."""
 
     @property
     def charge(self) -> Charge:
         return Charge(MECHANISM, self.micro, len(self.sentences))
-
-    @property
-    def sentence_count(self) -> int:
-        return sum(len(s) for s in self.sentences)
 
 
 class Charging:
@@ -124,6 +136,7 @@ class Charging:
         worker: Worker,
         limits: Limits,
         signer: BodySigner,
+        cost: Cost = one_per_sentence,
     ) -> None:
         self.bundle = bundle
         self.version = version
@@ -131,7 +144,8 @@ class Charging:
         self.worker = worker
         self.limits = limits
         self.signer = signer
-        self.load = TenantLoad(limits.tenant_inflight_sentences)
+        self.cost = cost
+        self.load = TenantLoad(limits.tenant_inflight_tokens)
         self.splitter = SentenceSplitter()
         self.slack = {v.record.name: privacy_slack(v.record.candidates) for v in bundle.variants}
 
@@ -164,11 +178,11 @@ class Charging:
     async def _admitted(self, request: ChargedRequest, admission: Admission) -> Reply:
         """Reserve, run and settle while the request counts against its tenant's load."""
         tenant = request.tenant.id
-        if not self.load.try_acquire(tenant, admission.sentence_count):
+        if not self.load.try_acquire(tenant, admission.cost):
             metric("busy").labels(tenant).inc()
             raise ApiError(
                 Code.TENANT_BUSY,
-                f"this tenant has {self.load.limit} sentences in flight at most; "
+                f"this tenant may have {self.load.limit} padded tokens of work in flight; "
                 "retry when earlier requests have finished",
                 headers={"Retry-After": "1"},
             )
@@ -179,7 +193,7 @@ class Charging:
                 return Reply(reserved.status, reserved.response, replayed=True)
             return await self.run_and_settle(request, admission, reserved)
         finally:
-            self.load.release(tenant, admission.sentence_count)
+            self.load.release(tenant, admission.cost)
 
     # --- validate ------------------------------------------------------------------------
     def validate(self, request: ChargedRequest) -> Admission:
@@ -195,7 +209,8 @@ class Charging:
             request.epsilon,
             request.documents,
         )
-        return Admission(choice, micro, sentences, key)
+        tokens = check_cost(sum(self.cost([s for doc in sentences for s in doc])), self.limits)
+        return Admission(choice, micro, sentences, key, tokens)
 
     # --- reserve -------------------------------------------------------------------------
     async def reserve(self, request: ChargedRequest, admission: Admission) -> Reservation | Replay:
@@ -253,6 +268,7 @@ class Charging:
             request_id=request.request_id,
             tenant=request.tenant.id,
             deadline=time.time() + self.limits.start_timeout,
+            cost=admission.cost,
             items=items,
         )
         try:

@@ -17,6 +17,7 @@ import bentoml
 from starlette.responses import JSONResponse, Response
 
 from sentdp.bundle import Bundle
+from sentdp.encoders import TokenCounter
 from sentdp.text import TextLimits
 from service import logs
 from service.charging import ChargedRequest, Charging, Reply
@@ -36,7 +37,7 @@ from service.schemas import (
     WorkRequest,
     WorkResult,
 )
-from service.settings import ServiceSettings, boot_settings, load_settings
+from service.settings import ACCESS_LOG, ServiceSettings, boot_settings, load_settings
 from service.tenants import Tenant, TenantRegistry, TenantSource
 from service.validation import Limits
 from service.views import budget_view
@@ -59,6 +60,7 @@ def _registry() -> TenantRegistry:
 @bentoml.service(
     name="sentdp",
     workers=BOOT.gateway_workers,
+    logging=ACCESS_LOG,
     traffic={"timeout": BOOT.worker_max_latency_ms / 1000 * 2 + 30},
 )
 class Gateway:
@@ -82,11 +84,15 @@ class Gateway:
             self.settings.max_documents,
             TextLimits(self.settings.max_sentences, self.settings.max_sentence_chars),
             self.settings.max_request_sentences,
-            self.settings.tenant_inflight_sentences,
+            self.settings.max_request_tokens,
+            self.settings.tenant_inflight_tokens,
             self.settings.worker_start_timeout_ms / 1000,
         )
+        counter = TokenCounter(bundle.encoder_dir, int(bundle.manifest.encoder["max_tokens"]))
         signer = load_signer(self.settings.idempotency_secret_file, self.ledger)
-        self.charging = Charging(bundle, version, self.ledger, self._run_worker, limits, signer)
+        self.charging = Charging(
+            bundle, version, self.ledger, self._run_worker, limits, signer, counter.padded_tokens
+        )
         self.lookups = Lookups(bundle, version)
         logs.log_event("gateway_ready", model=version)
 
@@ -156,8 +162,11 @@ class Gateway:
         return self._respond(ctx, await self.charging.handle(request))
 
     async def _run_worker(self, work: WorkRequest) -> list[WorkResult]:
-        batched = self.settings.adaptive_batching and (
-            sum(len(item.sentences) for item in work.items) <= self.settings.batch_max_sentences
+        sentences = sum(len(item.sentences) for item in work.items)
+        batched = (
+            self.settings.adaptive_batching
+            and sentences <= self.settings.batch_max_sentences
+            and work.cost <= self.settings.batch_max_tokens
         )
         return await call_worker(self.worker, work, batched)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 
@@ -33,22 +34,38 @@ class FairGate:
         self._serves = itertools.count()
 
     @contextmanager
-    def turn(self, key: Hashable) -> Iterator[None]:
-        """Wait for this key's turn, hold the gate for the body, then pass it on."""
+    def turn(self, key: Hashable, deadline: float | None = None) -> Iterator[bool]:
+        """Wait for this key's turn and hold the gate for the body (yields True); at
+        ``deadline`` (wall-clock seconds) stop waiting and hold nothing (yields False)."""
         with self._condition:
             ticket = (key, next(self._tickets))
             self._waiting.append(ticket)
-            while self._busy or self._next() != ticket:
-                self._condition.wait()
+            granted = self._wait(ticket, deadline)
             self._waiting.remove(ticket)
-            self._busy = True
-            self._last_served[key] = next(self._serves)
+            if granted:
+                self._busy = True
+                self._last_served[key] = next(self._serves)
+            else:
+                self._condition.notify_all()  # the next waiter may be up now
+        if not granted:
+            yield False
+            return
         try:
-            yield
+            yield True
         finally:
             with self._condition:
                 self._busy = False
                 self._condition.notify_all()
+
+    def _wait(self, ticket: tuple[Hashable, int], deadline: float | None) -> bool:
+        """Wait (holding the condition) until ``ticket`` is next and the gate is free, or
+        until the deadline; whether the turn came."""
+        while self._busy or self._next() != ticket:
+            left = None if deadline is None else deadline - time.time()
+            if left is not None and left <= 0:
+                return False
+            self._condition.wait(left)
+        return True
 
     def _next(self) -> tuple[Hashable, int]:
         return min(self._waiting, key=lambda t: (self._last_served.get(t[0], -1), t[1]))

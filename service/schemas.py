@@ -154,6 +154,8 @@ class WorkRequest(BaseModel):
     deadline: float
     """Wall-clock time (Unix seconds) by which the computation must start; a request that
     has not started by then draws no randomness and is refunded."""
+    cost: int = 0
+    """Padded tokens to encode (decides whether it may join an adaptive batch)."""
     items: list[WorkItem]
 
 

@@ -46,11 +46,16 @@ class ServiceSettings(BaseSettings):
     max_sentences: int = Field(default=1000, ge=1)
     """Sentences in one document (more is refused with 413; k is public)."""
     max_request_sentences: int = Field(default=1000, ge=1)
-    """Sentences in one request, all documents together: the largest request (about 7 s of
-    encoding on 2 CPU cores) must finish well within the worker's timeout."""
-    tenant_inflight_sentences: int = Field(default=1000, ge=1)
-    """Sentences one tenant may have in flight per gateway process; beyond, 429 and nothing
-    charged. At least ``max_request_sentences``, so the largest request is admissible."""
+    """Sentences in one request, all documents together."""
+    max_request_tokens: int = Field(default=40_000, ge=256)
+    """Encoding cost of one request in padded tokens (the encoder's length buckets): about
+    7 s on 2 CPU cores, well within the worker's timeout. Long sentences cost more."""
+    tenant_inflight_tokens: int = Field(default=40_000, ge=256)
+    """Padded tokens one tenant may have in flight per gateway process; beyond, 429 and
+    nothing charged. At least ``max_request_tokens``, so the largest request is admissible."""
+    batch_max_tokens: int = Field(default=4_000, ge=1)
+    """A request of more padded tokens than this bypasses adaptive batching, so one batch
+    costs at most ``worker_batch_size`` times this."""
     worker_start_timeout_ms: int = Field(default=30_000, ge=100)
     """A request whose computation has not started this long after its charge is refunded
     (it draws nothing); well below the worker's timeout, so no answer is lost after sampling."""
@@ -82,9 +87,9 @@ class ServiceSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _largest_request_is_admissible(self) -> ServiceSettings:
-        if self.tenant_inflight_sentences < self.max_request_sentences:
+        if self.tenant_inflight_tokens < self.max_request_tokens:
             raise ValueError(
-                "SENTDP_TENANT_INFLIGHT_SENTENCES must be at least SENTDP_MAX_REQUEST_SENTENCES"
+                "SENTDP_TENANT_INFLIGHT_TOKENS must be at least SENTDP_MAX_REQUEST_TOKENS"
             )
         if self.idempotency_pending_seconds <= self.worker_max_latency_ms / 1000 * 2 + 30:
             raise ValueError(
@@ -103,6 +108,18 @@ class ServiceSettings(BaseSettings):
 def load_settings() -> ServiceSettings:
     """Read the environment now: what a service instance uses when it starts."""
     return ServiceSettings()
+
+
+ACCESS_LOG = {
+    "access": {
+        "request_content_length": False,
+        "response_content_length": False,
+        "request_content_type": False,
+        "response_content_type": False,
+    }
+}
+"""BentoML's access log without body sizes: a body's length tells its reader about the
+document's size (and so about k)."""
 
 
 @functools.cache

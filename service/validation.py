@@ -23,10 +23,12 @@ class Limits:
     max_documents: int
     text: TextLimits
     max_request_sentences: int = 1000
-    """Sentences of all documents of one request: the largest request must finish well
-    within the worker's timeout."""
-    tenant_inflight_sentences: int = 1000
-    """Sentences one tenant may have in flight in this gateway process; more is refused
+    """Sentences of all documents of one request."""
+    max_request_tokens: int = 40_000
+    """Encoding cost of one request in padded tokens (about 7 s on 2 CPU cores): the largest
+    request must finish well within the worker's timeout."""
+    tenant_inflight_tokens: int = 40_000
+    """Padded tokens one tenant may have in flight in this gateway process; more is refused
     with 429 before anything is charged."""
     start_timeout: float = 30.0
     """Seconds a request may wait for the worker; one not started by then is refunded."""
@@ -80,6 +82,17 @@ def request_sentences(
             "(send the documents in several requests)",
         )
     return sentences
+
+
+def check_cost(tokens: int, limits: Limits) -> int:
+    """``tokens`` (a request's padded tokens) if within the limit; 413 otherwise."""
+    if tokens > limits.max_request_tokens:
+        raise ApiError(
+            Code.REQUEST_TOO_LARGE,
+            f"the request would encode {tokens} padded tokens; the limit is "
+            f"{limits.max_request_tokens} (send the documents in several requests)",
+        )
+    return tokens
 
 
 def document_sentences(

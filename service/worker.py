@@ -26,7 +26,7 @@ from service import logs
 from service.metrics import metric
 from service.scheduling import BATCH_KEY, FairGate
 from service.schemas import WorkItem, WorkReply, WorkRequest, WorkResult
-from service.settings import boot_settings, load_settings
+from service.settings import ACCESS_LOG, boot_settings, load_settings
 
 BOOT = boot_settings()
 WORKER_CALLERS = 64
@@ -42,6 +42,7 @@ def _resources() -> dict[str, Any]:
     name="sentdp-worker",
     workers=1,
     threads=WORKER_CALLERS,
+    logging=ACCESS_LOG,
     resources=_resources(),
     traffic={"timeout": BOOT.worker_max_latency_ms / 1000 * 2},
 )
@@ -71,6 +72,8 @@ class Worker:
         self.mechanisms = {name: v.mechanism(device=device) for name, v in self.variants.items()}
         self.journal = settings.sample_journal
         self.fault_marker = settings.fault_marker
+        if self.fault_marker:
+            logs.log_event("fault_marker_set_tests_only", logging.WARNING)
         self.gate = FairGate()
         self.encoder.encode(["Warm up the encoder."])
 
@@ -123,8 +126,16 @@ class Worker:
         return mode
 
     def _run(self, requests: list[WorkRequest], key: str) -> list[WorkReply]:
-        with self.gate.turn(key):
-            return self._compute(requests)
+        """Wait for this key's turn, at most until the last deadline of ``requests``: a
+        request that cannot start in time returns unsampled well before the caller's timeout
+        (waiting past it would turn into an answer lost after a possible sampling)."""
+        deadline = max((r.deadline for r in requests), default=0.0)
+        with self.gate.turn(key, deadline) as started:
+            if started:
+                return self._compute(requests)
+        metric("late_requests").inc(len(requests))
+        late = WorkResult(sampled=False, error="not started before its deadline")
+        return [WorkReply(results=[late] * len(r.items)) for r in requests]
 
     def _compute(self, requests: list[WorkRequest]) -> list[WorkReply]:
         started = time.perf_counter()

@@ -2,8 +2,8 @@
 that never drops a response the worker has already produced.
 
 :func:`call_worker` turns transport failures into the two outcomes the charging flow knows:
-:class:`~service.charging.WorkerNotRunError` (connection refused, or BentoML's 503 for a request
-cancelled before dispatch: no randomness was drawn) and
+:class:`~service.charging.WorkerNotRunError` (connection refused, or BentoML's own 503 for a
+request cancelled before dispatch: no randomness was drawn) and
 :class:`~service.charging.WorkerOutcomeUnknownError` (a 500, a timeout, a connection dropped after
 the request was sent: the worker may have sampled).
 
@@ -33,6 +33,11 @@ from service.charging import WorkerNotRunError, WorkerOutcomeUnknownError
 from service.errors import Code
 from service.schemas import WorkReply, WorkRequest, WorkResult
 
+OVERLOADED = "process is overloaded"
+"""The body of BentoML's own 503 for a job its dispatcher cancelled before running it
+(``_bentoml_impl/server/app.py``). Any other 503 (a proxy between the services, say) may come
+after the worker sampled, so it is not taken as "not run"."""
+
 
 async def call_worker(proxy: Any, work: WorkRequest, batched: bool) -> list[WorkResult]:
     """The worker's results for one request through the adaptive-batched endpoint or its
@@ -48,7 +53,7 @@ async def call_worker(proxy: Any, work: WorkRequest, batched: bool) -> list[Work
     except aiohttp.ClientConnectorError as error:
         raise WorkerNotRunError("worker unreachable") from error
     except bentoml.exceptions.BentoMLException as error:
-        if error.error_code == HTTPStatus.SERVICE_UNAVAILABLE:
+        if error.error_code == HTTPStatus.SERVICE_UNAVAILABLE and OVERLOADED in str(error):
             raise WorkerNotRunError("worker busy (cancelled before dispatch)") from error
         raise WorkerOutcomeUnknownError(
             Code.MECHANISM_FAILED,

@@ -119,3 +119,12 @@ def test_mlp_refuses_layers_that_do_not_chain() -> None:
 def test_recode_without_a_recoder_is_the_identity() -> None:
     x = np.arange(6.0).reshape(2, 3)
     np.testing.assert_array_equal(recode(None, x), x)
+
+
+def test_the_token_counter_agrees_with_the_encoders_buckets(encoder) -> None:
+    from sentdp.encoders import TokenCounter
+
+    counter = TokenCounter(encoder.path, encoder.max_tokens)
+    sentences = [TARGET, *SHORTER, *LONGER, "x " * 600, "", "Ünïcödé — “quotes” 🙂."]
+    assert counter.padded_tokens(sentences) == encoder.buckets_of(sentences)
+    assert counter.padded_tokens([]) == []

@@ -47,7 +47,8 @@ def charging(
         max_documents,
         TextLimits(max_sentences=10, max_sentence_chars=200),
         max_request_sentences=20,
-        tenant_inflight_sentences=inflight,
+        max_request_tokens=20,
+        tenant_inflight_tokens=inflight,
         start_timeout=start_timeout,
     )
     return Charging(BUNDLE, VERSION, ledger, worker, limits, BodySigner(b"k" * 32))
@@ -339,3 +340,20 @@ def test_sampled_documents_are_returned_even_when_settling_a_refund_fails(
     assert reply.status == 503
     assert len(body["error"]["released"]) == 1  # the sampled document is not thrown away
     assert states(ledger) == ["reserved", "reserved"]  # both still counted: never under
+
+
+def test_the_encoding_cost_bounds_a_request_and_a_tenants_work(ledger: SqlLedger) -> None:
+    def padded(sentences):  # type: ignore[no-untyped-def]
+        return [256 if len(s) > 100 else 16 for s in sentences]
+
+    limits = Limits(4, TextLimits(10, 2000), 20, max_request_tokens=600, tenant_inflight_tokens=600)
+    flow = Charging(
+        BUNDLE, VERSION, ledger, FakeWorker(BUNDLE), limits, BodySigner(b"k" * 32), padded
+    )
+    long = "x" * 150 + "."
+    ok, _ = run(flow, request(documents=[{"sentences": [long, long, "short."]}]))  # 528
+    big, body = run(flow, request(documents=[{"sentences": [long, long, long]}]))  # 768
+    assert (ok.status, big.status) == (200, 413)
+    assert body["error"]["code"] == "request_too_large"
+    assert "768 padded tokens" in body["error"]["message"]
+    assert len(ledger.charges()) == 1

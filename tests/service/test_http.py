@@ -305,7 +305,7 @@ def test_metrics_need_the_metrics_token_and_openapi_is_served(server) -> None:
         "sentdp_budget_refusals_total",
         "sentdp_ledger_seconds_bucket",
         "sentdp_worker_batch_documents_bucket",
-        "sentdp_refunded_documents_total",
+        "sentdp_charged_request_seconds_bucket",
     ):
         assert name in metrics, name
     assert {"/privatize", "/classify", "/budget"} <= set(spec["paths"])

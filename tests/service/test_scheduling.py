@@ -54,3 +54,34 @@ def test_only_one_computation_runs_at_a_time() -> None:
         thread.join(10)
     assert max(peak) == 1
     assert len(peak) == 30
+
+
+def test_a_waiter_gives_up_at_its_deadline_and_the_next_one_goes() -> None:
+    gate = FairGate()
+    release = threading.Event()
+    outcomes: dict[str, bool] = {}
+
+    def hold() -> None:
+        with gate.turn("A") as started:
+            outcomes["A"] = started
+            release.wait(5)
+
+    def wait(key: str, deadline: float | None) -> None:
+        with gate.turn(key, deadline) as started:
+            outcomes[key] = started
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    time.sleep(0.05)
+    late = threading.Thread(target=wait, args=("B", time.time() + 0.1))
+    patient = threading.Thread(target=wait, args=("C", None))
+    late.start()
+    time.sleep(0.02)
+    patient.start()
+    late.join(5)
+    assert outcomes == {"A": True, "B": False}  # B gave up while A still held the gate
+    release.set()
+    holder.join(5)
+    patient.join(5)
+    assert outcomes == {"A": True, "B": False, "C": True}
+    assert gate.waiting() == 0
