@@ -139,6 +139,31 @@ class SentenceEncoder:
         return out
 
 
+class TokenCounter:
+    """The encoding cost of sentences in padded tokens, without torch: the same tokenizer,
+    truncation and length buckets as :class:`SentenceEncoder`, so the gateway can bound the
+    work of a request before charging it (encoding time is linear in padded tokens: about
+    6,000 per second on 2 CPU cores for MiniLM, measured)."""
+
+    def __init__(self, model_dir: str | Path, max_tokens: int) -> None:
+        from tokenizers import Tokenizer
+
+        path = Path(model_dir) / "tokenizer.json"
+        if not path.is_file():
+            raise InputError(f"{model_dir} has no tokenizer.json to count tokens with")
+        self._tokenizer = Tokenizer.from_file(str(path))
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(max_tokens)
+        self._buckets = [b for b in LENGTH_BUCKETS if b < max_tokens] + [max_tokens]
+
+    def padded_tokens(self, sentences: Sequence[str]) -> list[int]:
+        """Each sentence's bucket: the padded length it is encoded at."""
+        if not sentences:
+            return []
+        encoded = self._tokenizer.encode_batch(list(sentences))
+        return [next(b for b in self._buckets if b >= len(e.ids)) for e in encoded]
+
+
 @dataclass(frozen=True)
 class MLP:
     """A ReLU multilayer perceptron held as float64 arrays, evaluated row by row exactly.
