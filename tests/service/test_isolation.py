@@ -123,7 +123,9 @@ def test_overload_never_refunds_a_sampled_document(quick_bundle_tag: str, tmp_pa
         statuses = Counter(asyncio.run(fire()))
     finally:
         server.stop()
-    assert set(statuses) <= {200, 502, 503}, statuses
+    # 503: refused before sampling (refunded); 500/502: a computation outlasted the short
+    # timeout after sampling (charges final, answers lost). The journal decides, not the status.
+    assert set(statuses) <= {200, 500, 502, 503}, statuses
     assert statuses[503] > 0, statuses  # the latency goal was missed: some work was refused
     states = check_charges(server, tmp_path)
     assert states["calm"]["refunded"] > 0
