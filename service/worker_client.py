@@ -33,10 +33,13 @@ from service.charging import WorkerNotRunError, WorkerOutcomeUnknownError
 from service.errors import Code
 from service.schemas import WorkReply, WorkRequest, WorkResult
 
-OVERLOADED = "process is overloaded"
-"""The body of BentoML's own 503 for a job its dispatcher cancelled before running it
-(``_bentoml_impl/server/app.py``). Any other 503 (a proxy between the services, say) may come
-after the worker sampled, so it is not taken as "not run"."""
+BENTOML_503 = "An unexpected error has occurred, please check the server log."
+"""The body BentoML's worker process sends with its own 503, which it raises only before a
+job runs: the dispatcher's fallback for a cancelled job ("process is overloaded", whose
+message BentoML replaces by this one for every 5xx) and the overload guard
+(``_bentoml_impl/server/app.py``). The worker's own code never raises a 503, and a timeout is
+a 504. Any other 503 (a proxy between the services, say) may come after the worker sampled,
+so it is not taken as "not run"."""
 
 
 async def call_worker(proxy: Any, work: WorkRequest, batched: bool) -> list[WorkResult]:
@@ -53,7 +56,7 @@ async def call_worker(proxy: Any, work: WorkRequest, batched: bool) -> list[Work
     except aiohttp.ClientConnectorError as error:
         raise WorkerNotRunError("worker unreachable") from error
     except bentoml.exceptions.BentoMLException as error:
-        if error.error_code == HTTPStatus.SERVICE_UNAVAILABLE and OVERLOADED in str(error):
+        if error.error_code == HTTPStatus.SERVICE_UNAVAILABLE and BENTOML_503 in str(error):
             raise WorkerNotRunError("worker busy (cancelled before dispatch)") from error
         raise WorkerOutcomeUnknownError(
             Code.MECHANISM_FAILED,
