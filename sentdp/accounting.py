@@ -11,6 +11,8 @@
 * Group privacy: a tenant protects groups of g sentence positions, which costs g times the
   sum. A document is admitted when ``g * (spent + charge) <= budget``, all in micro-epsilon
   (the budget is rounded DOWN to micro-epsilon).
+* Other accountants (:class:`Policy`): zCDP in micro-rho (g^2 per group), and per-document
+  composition (the largest spend over a user's document ids).
 """
 
 from __future__ import annotations
@@ -62,46 +64,99 @@ def budget_micro(budget: float) -> int:
 @dataclass(frozen=True)
 class Charge:
     """What one request spends: ``documents`` documents of one mechanism at ``micro``
-    micro-epsilon each."""
+    micro-epsilon each; under per-document composition, the caller's id of each document."""
 
     mechanism: str
     micro: int
     documents: int
+    document_ids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.micro <= 0 or self.documents <= 0:
             raise InputError(f"a charge needs positive amounts, got {self}")
+        if self.document_ids and len(self.document_ids) != self.documents:
+            raise InputError("a charge needs one document id per document, or none")
 
     @property
     def total_micro(self) -> int:
         return self.micro * self.documents
 
 
+def rho_of_charge(micro_epsilon: int) -> int:
+    """Micro-rho of one release charged ``micro_epsilon`` micro-epsilon: an epsilon-bounded-
+    range release is epsilon^2/8-zCDP (see :mod:`sentdp.zcdp`), rounded UP."""
+    if micro_epsilon <= 0:
+        raise InputError(f"a charge must be positive, got {micro_epsilon}")
+    return -(-(micro_epsilon * micro_epsilon) // (8 * MICRO))
+
+
+PURE, ZCDP = "pure", "zcdp"
+SEQUENTIAL, PER_DOCUMENT = "sequential", "per-document"
+
+
 @dataclass(frozen=True)
 class Policy:
-    """A tenant's rule: groups of ``group_size`` sentences, ``limit_micro`` group-micro-epsilon
-    per user and period."""
+    """A tenant's accountant for each user and period.
+
+    ``accounting``: ``pure`` spends micro-epsilon (group factor g); ``zcdp`` spends micro-rho
+    (group factor g^2) against a rho budget from (B, delta). ``composition``: ``sequential``
+    adds every release; ``per-document`` adds releases of the same document id and takes the
+    largest sum over ids (distinct documents are disjoint data). ``limit_micro`` is the limit
+    in the accountant's units; ``period_seconds`` renews budgets on a clock aligned to the
+    Unix epoch (None: only by the operator's new-period).
+    """
 
     group_size: int
     limit_micro: int
+    accounting: str = PURE
+    composition: str = SEQUENTIAL
+    period_seconds: int | None = None
+    budget: float | None = None
+    """The tenant's B in epsilon, for reports (the rho limit of zCDP is derived from it)."""
 
     def __post_init__(self) -> None:
         if self.group_size <= 0 or self.limit_micro < 0:
             raise InputError(f"a policy needs g >= 1 and a budget >= 0, got {self}")
+        if self.accounting not in (PURE, ZCDP) or self.composition not in (
+            SEQUENTIAL,
+            PER_DOCUMENT,
+        ):
+            raise InputError(f"unknown accountant {self.accounting}/{self.composition}")
+        if self.period_seconds is not None and self.period_seconds <= 0:
+            raise InputError("a renewal period must be positive")
 
-    def admits(self, spent_micro: int, charge: Charge) -> bool:
-        """The admission rule ``g * (spent + charge) <= limit`` (the ledger runs it as SQL,
-        :data:`ADMISSION_SQL`; tests check the two agree at the boundaries)."""
-        return self.group_size * (spent_micro + charge.total_micro) <= self.limit_micro
+    @property
+    def name(self) -> str:
+        """``<accounting>-<composition>``: what the ledger records an account was kept by."""
+        return f"{self.accounting}-{self.composition}"
 
-    def remaining_micro(self, spent_micro: int) -> int:
-        """Group-micro-epsilon left: ``limit - g * spent`` (negative after a lowered budget)."""
-        return self.limit_micro - self.group_size * spent_micro
+    @property
+    def multiplier(self) -> int:
+        """What protecting g segments together multiplies the spend by: g, or g^2 for rho."""
+        return self.group_size if self.accounting == PURE else self.group_size**2
+
+    def units(self, micro_epsilon: int) -> int:
+        """The spend of one release charged ``micro_epsilon``, in this accountant's units."""
+        return micro_epsilon if self.accounting == PURE else rho_of_charge(micro_epsilon)
+
+    def admits(self, spent_units: int, added_units: int) -> bool:
+        """The admission rule ``multiplier * (spent + added) <= limit`` (the ledger runs it as
+        SQL, :data:`ADMISSION_SQL`; tests check the two agree at the boundaries)."""
+        return self.multiplier * (spent_units + added_units) <= self.limit_micro
+
+    def remaining_units(self, spent_units: int) -> int:
+        """Units left: ``limit - multiplier * spent`` (negative after a lowered budget)."""
+        return self.limit_micro - self.multiplier * spent_units
+
+    def window(self, now: float) -> int | None:
+        """The automatic period ``now`` falls in (None without automatic renewal)."""
+        return None if self.period_seconds is None else int(now // self.period_seconds)
 
 
-ADMISSION_SQL = ":g * (spent_micro + :total) <= :lim"
-""":meth:`Policy.admits` as the ledger's SQL condition (``:g`` the group size, ``:total`` the
-charge's micro-epsilon, ``:lim`` the limit); both sides are int64 on SQLite and PostgreSQL."""
+ADMISSION_SQL = ":g * (spend_units + :total) <= :lim"
+""":meth:`Policy.admits` as the ledger's SQL condition on an account (``:g`` the multiplier,
+``:total`` the units added, ``:lim`` the limit); both sides are int64 on SQLite and
+PostgreSQL. Per document, the same rule runs on the document's row."""
 
 
 def to_epsilon(micro: int) -> float:

@@ -20,18 +20,13 @@ import math
 
 import numpy as np
 
-from sentdp.accounting import MICRO
+from sentdp.accounting import MICRO, rho_of_charge
 from sentdp.errors import InputError
+
+__all__ = ["bun_steinke_epsilon", "epsilon_of_rho", "rho_budget_micro", "rho_of_charge"]
 
 RDP_ORDERS = np.concatenate([np.linspace(1.01, 10.0, 300), np.arange(11.0, 2001.0)])
 """Rényi orders of the zCDP → (ε, δ) conversion."""
-
-
-def rho_of_charge(micro_epsilon: int) -> int:
-    """Micro-rho of one release charged ``micro_epsilon`` micro-ε, rounded up."""
-    if micro_epsilon <= 0:
-        raise InputError(f"a charge must be positive, got {micro_epsilon}")
-    return -(-(micro_epsilon * micro_epsilon) // (8 * MICRO))
 
 
 def epsilon_of_rho(rho: float, delta: float) -> float:

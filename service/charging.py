@@ -33,6 +33,7 @@ from sentdp.text import SentenceSplitter
 from service.errors import ApiError, Code
 from service.idempotency import BodySigner
 from service.ledger import (
+    AccountantChangedError,
     BudgetExhaustedError,
     IdempotencyInFlightError,
     IdempotencyKey,
@@ -50,6 +51,7 @@ from service.validation import (
     Limits,
     charge_of,
     check_cost,
+    document_ids,
     finite_epsilon,
     request_sentences,
 )
@@ -119,10 +121,11 @@ class Admission:
     key: IdempotencyKey | None
     cost: int
     """Padded tokens the worker will encode: what the request weighs against its tenant."""
+    document_ids: tuple[str, ...] = ()
 
     @property
     def charge(self) -> Charge:
-        return Charge(MECHANISM, self.micro, len(self.sentences))
+        return Charge(MECHANISM, self.micro, len(self.sentences), self.document_ids)
 
 
 class Charging:
@@ -209,8 +212,9 @@ class Charging:
             request.epsilon,
             request.documents,
         )
+        ids = document_ids(request.documents, request.tenant.composition)
         tokens = check_cost(sum(self.cost([s for doc in sentences for s in doc])), self.limits)
-        return Admission(choice, micro, sentences, key, tokens)
+        return Admission(choice, micro, sentences, key, tokens, ids)
 
     # --- reserve -------------------------------------------------------------------------
     async def reserve(self, request: ChargedRequest, admission: Admission) -> Reservation | Replay:
@@ -236,6 +240,13 @@ class Charging:
             raise ApiError(
                 Code.IDEMPOTENCY_KEY_IN_FLIGHT,
                 "a request with this Idempotency-Key has not finished; retry later",
+            ) from None
+        except AccountantChangedError as changed:
+            raise ApiError(
+                Code.ACCOUNTANT_CHANGED,
+                f"this user's current period was accounted {changed.kept_by} and the tenant "
+                f"now accounts {changed.wanted}: the operator must open a new period "
+                "(sentdp-admin new-period) before more is charged",
             ) from None
         except IdempotencyMismatchError:
             raise ApiError(

@@ -33,6 +33,7 @@ class Code(StrEnum):
     UNKNOWN_MODEL = "unknown_model"
     IDEMPOTENCY_KEY_IN_FLIGHT = "idempotency_key_in_flight"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+    ACCOUNTANT_CHANGED = "accountant_changed"
     MECHANISM_FAILED = "mechanism_failed"
     WORKER_RESPONSE_LOST = "worker_response_lost"
     WORKER_UNAVAILABLE = "worker_unavailable"
@@ -57,6 +58,7 @@ STATUS: dict[Code, HTTPStatus] = {
     Code.UNKNOWN_MODEL: HTTPStatus.NOT_FOUND,
     Code.IDEMPOTENCY_KEY_IN_FLIGHT: HTTPStatus.CONFLICT,
     Code.IDEMPOTENCY_KEY_REUSED: HTTPStatus.UNPROCESSABLE_ENTITY,
+    Code.ACCOUNTANT_CHANGED: HTTPStatus.CONFLICT,
     Code.MECHANISM_FAILED: HTTPStatus.INTERNAL_SERVER_ERROR,
     Code.WORKER_RESPONSE_LOST: HTTPStatus.BAD_GATEWAY,
     Code.WORKER_UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,

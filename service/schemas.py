@@ -18,14 +18,29 @@ UserId = Annotated[
 ]
 """A user id: 1 to 256 characters, no control characters; the same rule on every endpoint."""
 
+DocumentId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="The caller's stable id of a document (per-document accounting): reuse it "
+        "when the document is re-sent or edited.",
+        examples=["note-1832"],
+    ),
+]
+
 MAX_LOOKUP_CANDIDATES = 1000
 """Candidate ids in one free /classify lookup."""
 
 
 class DocumentIn(BaseModel):
-    """One document: raw ``text`` (split by the service) or pre-split ``sentences``."""
+    """One document: raw ``text`` (split by the service) or pre-split ``sentences``; under a
+    tenant's per-document accounting, also the caller's stable ``document_id``."""
 
     model_config = ConfigDict(extra="forbid")
+
+    document_id: DocumentId | None = None
 
     text: str | None = Field(default=None, examples=["The film was long. The acting was superb."])
     sentences: list[str] | None = Field(default=None, examples=[["First.", "Second."]])
@@ -93,6 +108,17 @@ class Budget(BaseModel):
     """How much more epsilon can be requested in total: ``remaining / group_size``."""
     documents: int
     period: int
+    accounting: str = "pure"
+    """``pure`` (epsilon) or ``zcdp`` (rho, converted to (B, delta))."""
+    composition: str = "sequential"
+    """``sequential`` (every release adds up) or ``per-document`` (the largest spend over the
+    user's document ids)."""
+    spend: float = 0.0
+    """What the accountant charged this period, times the group factor, in ``spend_unit``."""
+    spend_limit: float = 0.0
+    spend_unit: str = "epsilon"
+    largest_document_spend: float | None = None
+    """Per document: the spend of the user's most-spent document id."""
 
 
 class PrivateDocument(BaseModel):

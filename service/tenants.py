@@ -26,10 +26,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sentdp.accounting import MAX_LEDGER_VALUE, MICRO, Policy, budget_micro
+from sentdp.zcdp import rho_budget_micro
 
 MAX_EPSILON_LIMIT = 1000.0
 KEY_PREFIX = "sdp_"
@@ -55,7 +57,18 @@ class Tenant(BaseModel):
     group_size: int = Field(default=1, ge=1, le=1000)
     """g: the number of sentence positions protected together."""
     budget: float = Field(ge=0, le=1e9)
-    """B: each user's budget per period, in group-epsilon (g times the sum of epsilons)."""
+    """B: each user's budget per period, in group-epsilon (g times the spend)."""
+    composition: Literal["sequential", "per-document"] = "sequential"
+    """``sequential``: every release adds up (protects up to g segments in every document at
+    once). ``per-document``: releases of one document id add up, distinct ids are disjoint
+    (protects up to g segments anywhere; a sentence repeated in r documents counts r times)."""
+    accounting: Literal["pure", "zcdp"] = "pure"
+    """``pure``: epsilon-DP. ``zcdp``: (B, delta)-DP through rho = epsilon^2/8 per release."""
+    delta: float | None = Field(default=None, gt=0, lt=1e-2)
+    """delta of the (B, delta) guarantee; required with ``zcdp``, not allowed without."""
+    period_days: int | None = Field(default=None, ge=1, le=3660)
+    """Renew every user's budget every this many days (windows aligned to the Unix epoch,
+    UTC); unset: only ``sentdp-admin new-period`` renews."""
 
     @field_validator("key_sha256")
     @classmethod
@@ -67,13 +80,27 @@ class Tenant(BaseModel):
 
     @model_validator(mode="after")
     def _fits_the_ledger(self) -> Tenant:
-        if self.group_size * (budget_micro(self.budget) + MICRO * 2000) >= MAX_LEDGER_VALUE:
+        if (self.accounting == "zcdp") != (self.delta is not None):
+            raise ValueError("delta is required with accounting 'zcdp', and only there")
+        if self.group_size**2 * (budget_micro(self.budget) + MICRO * 2000) >= MAX_LEDGER_VALUE:
             raise ValueError("group_size * budget is too large for the ledger's integers")
         return self
 
     @property
     def policy(self) -> Policy:
-        return Policy(group_size=self.group_size, limit_micro=budget_micro(self.budget))
+        limit = (
+            budget_micro(self.budget)
+            if self.delta is None
+            else rho_budget_micro(self.budget, self.delta)
+        )
+        return Policy(
+            group_size=self.group_size,
+            limit_micro=limit,
+            accounting=self.accounting,
+            composition=self.composition,
+            period_seconds=None if self.period_days is None else self.period_days * 86_400,
+            budget=self.budget,
+        )
 
 
 class TenantsFile(BaseModel):

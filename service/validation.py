@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sentdp.accounting import charge_for
+from sentdp.accounting import PER_DOCUMENT, charge_for
 from sentdp.errors import InputError, LimitError
 from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
 from service.errors import ApiError, Code
@@ -82,6 +82,28 @@ def request_sentences(
             "(send the documents in several requests)",
         )
     return sentences
+
+
+def document_ids(documents: list[DocumentIn], composition: str) -> tuple[str, ...]:
+    """The documents' ids under per-document accounting (each must have one); none under
+    sequential accounting (where an id would suggest a protection the tenant does not have)."""
+    ids = [document.document_id for document in documents]
+    if composition == PER_DOCUMENT:
+        missing = [n for n, found in enumerate(ids) if found is None]
+        if missing:
+            raise ApiError(
+                Code.INVALID_DOCUMENT,
+                f"document {missing[0]}: this tenant accounts per document, so every document "
+                "needs its stable 'document_id' (reuse it when the document is re-sent or edited)",
+            )
+        return tuple(found for found in ids if found is not None)
+    if any(found is not None for found in ids):
+        raise ApiError(
+            Code.INVALID_DOCUMENT,
+            "this tenant accounts sequentially (every release adds up), so documents take no "
+            "'document_id'; remove it",
+        )
+    return ()
 
 
 def check_cost(tokens: int, limits: Limits) -> int:

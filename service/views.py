@@ -6,7 +6,9 @@ all come from here, so /privatize, /classify and /budget can never disagree.
 
 from __future__ import annotations
 
-from sentdp.accounting import Policy, to_epsilon
+import math
+
+from sentdp.accounting import PER_DOCUMENT, PURE, Policy, to_epsilon
 from sentdp.bundle import Bundle
 from service.errors import ApiError, Code
 from service.ledger import Account, BudgetExhaustedError
@@ -14,20 +16,42 @@ from service.schemas import Budget, CandidateLabel, PrivateDocument
 
 
 def budget_view(account: Account, policy: Policy) -> Budget:
-    """A user's spending under a tenant's policy, in epsilon."""
+    """A user's spending under a tenant's accountant.
+
+    ``spend`` is what the accountant charges, times the group factor (g for epsilon, g^2 for
+    rho), in its own unit; ``remaining_epsilon`` is the largest epsilon one more release may
+    have (per document: a release of the user's most-spent document).
+    """
     spent = to_epsilon(account.spent_micro)
-    remaining = to_epsilon(policy.remaining_micro(account.spent_micro))
+    spend = to_epsilon(policy.multiplier * account.spend_units)
+    left = to_epsilon(policy.remaining_units(account.spend_units))
+    if policy.accounting == PURE:
+        remaining, next_epsilon = left, left / policy.group_size
+    else:
+        remaining = left
+        next_epsilon = math.sqrt(8 * max(left, 0.0)) / policy.group_size
     return Budget(
         user=account.user,
         spent_epsilon=spent,
         group_size=policy.group_size,
         group_epsilon=policy.group_size * spent,
-        limit=to_epsilon(policy.limit_micro),
+        limit=policy_budget(policy),
         remaining=remaining,
-        remaining_epsilon=remaining / policy.group_size,
+        remaining_epsilon=next_epsilon,
         documents=account.documents,
         period=account.period,
+        accounting=policy.accounting,
+        composition=policy.composition,
+        spend=spend,
+        spend_limit=to_epsilon(policy.limit_micro),
+        spend_unit="epsilon" if policy.accounting == PURE else "rho",
+        largest_document_spend=spend if policy.composition == PER_DOCUMENT else None,
     )
+
+
+def policy_budget(policy: Policy) -> float:
+    """B in epsilon (for zCDP, the epsilon of the (B, delta) guarantee the rho limit keeps)."""
+    return to_epsilon(policy.limit_micro) if policy.budget is None else policy.budget
 
 
 def exhausted_error(refused: BudgetExhaustedError) -> ApiError:

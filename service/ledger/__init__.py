@@ -11,6 +11,7 @@ from service.ledger.sql import SqlLedger
 from service.ledger.types import (
     IDEMPOTENCY_TTL_SECONDS,
     Account,
+    AccountantChangedError,
     BudgetExhaustedError,
     IdempotencyInFlightError,
     IdempotencyKey,
@@ -23,6 +24,7 @@ from service.ledger.types import (
 __all__ = [
     "IDEMPOTENCY_TTL_SECONDS",
     "Account",
+    "AccountantChangedError",
     "BudgetExhaustedError",
     "IdempotencyInFlightError",
     "IdempotencyKey",

@@ -2,14 +2,18 @@
 
 Compatibility promise (``sentdp_meta.schema_version``): columns are never removed and never
 change meaning; new columns are nullable or have defaults, so an older sentdp keeps working
-on a newer database. Version 2 added ``sentdp_idempotency.status`` (the stored response's
-HTTP status) and ``sentdp_idempotency.request_id`` (the request that owns the key), an index
-for purging expired idempotency rows, and moved the body-HMAC secret out of the database.
+on a newer database. Version 3 added per-document and zCDP accounting: an account's spend
+in its accountant's units (``spend_units``, filled from ``spent_micro`` for older rows), which
+accountant kept it, its automatic period, each charge's units and document id, and the
+per-document spends (``sentdp_documents``). Version 2 added ``sentdp_idempotency.status``
+(the stored response's HTTP status) and ``sentdp_idempotency.request_id`` (the request that
+owns the key), an index for purging expired idempotency rows, and moved the body-HMAC secret
+out of the database.
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def create_tables(autoincrement: str) -> list[str]:
@@ -33,6 +37,13 @@ def create_tables(autoincrement: str) -> list[str]:
             request_id TEXT NOT NULL,
             created_at DOUBLE PRECISION NOT NULL,
             settled_at DOUBLE PRECISION)""",
+        """CREATE TABLE IF NOT EXISTS sentdp_documents (
+            tenant TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            period INTEGER NOT NULL,
+            document_id TEXT NOT NULL,
+            spend_units BIGINT NOT NULL,
+            PRIMARY KEY (tenant, user_id, period, document_id))""",
         """CREATE TABLE IF NOT EXISTS sentdp_idempotency (
             tenant TEXT NOT NULL,
             user_id TEXT NOT NULL,
@@ -48,8 +59,20 @@ def create_tables(autoincrement: str) -> list[str]:
 ADDED_COLUMNS = [
     ("sentdp_idempotency", "status", "INTEGER"),
     ("sentdp_idempotency", "request_id", "TEXT"),
+    ("sentdp_accounts", "spend_units", "BIGINT"),
+    ("sentdp_accounts", "accountant", "TEXT"),
+    ("sentdp_accounts", "period_window", "BIGINT"),
+    ("sentdp_charges", "units", "BIGINT"),
+    ("sentdp_charges", "document_id", "TEXT"),
 ]
 """Columns added after version 1: (table, column, type); all nullable."""
+
+UPGRADES = [
+    # Version 3: every account before it was kept sequentially in pure epsilon.
+    "UPDATE sentdp_accounts SET spend_units = spent_micro WHERE spend_units IS NULL",
+    "UPDATE sentdp_charges SET units = micro WHERE units IS NULL",
+]
+"""Idempotent statements that fill added columns of older rows."""
 
 INDEXES = [
     "CREATE INDEX IF NOT EXISTS sentdp_idempotency_created ON sentdp_idempotency (created_at)",

@@ -25,12 +25,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sentdp.accounting import ADMISSION_SQL, Charge, Policy
+from sentdp.accounting import Charge, Policy
+from service.ledger import spend
 from service.ledger.schema import (
     ADDED_COLUMNS,
     INDEXES,
     RECORD_VERSION,
     SCHEMA_VERSION,
+    UPGRADES,
     create_tables,
 )
 from service.ledger.types import (
@@ -151,6 +153,8 @@ class SqlLedger(abc.ABC):
             for table, column, kind in ADDED_COLUMNS:
                 if column not in self._columns(cur, table):
                     self._execute(cur, f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            for statement in UPGRADES:
+                self._execute(cur, statement)
             for statement in INDEXES:
                 self._execute(cur, statement)
             self._execute(cur, RECORD_VERSION, {"v": str(SCHEMA_VERSION)})
@@ -190,15 +194,7 @@ class SqlLedger(abc.ABC):
             return self._account(cur, tenant, user)
 
     def _account(self, cur: Any, tenant: str, user: str) -> Account:
-        row = self._execute(
-            cur,
-            "SELECT spent_micro, documents, period FROM sentdp_accounts "
-            "WHERE tenant = :t AND user_id = :u",
-            {"t": tenant, "u": user},
-        ).fetchone()
-        if row is None:
-            return Account(tenant, user, 0, 0, 0)
-        return Account(tenant, user, int(row[0]), int(row[1]), int(row[2]))
+        return spend.read_account(self, cur, tenant, user)
 
     def reserve(
         self,
@@ -211,8 +207,9 @@ class SqlLedger(abc.ABC):
     ) -> Reservation | Replay:
         """Atomically check the idempotency key, check-and-debit, and record the charges.
 
-        Raises :class:`BudgetExhaustedError`, :class:`IdempotencyInFlightError` or
-        :class:`IdempotencyMismatchError`; on any of them nothing is written.
+        Raises :class:`BudgetExhaustedError`, :class:`AccountantChangedError`,
+        :class:`IdempotencyInFlightError` or :class:`IdempotencyMismatchError`; on any of them
+        nothing is written.
         """
         now = time.time()
         self._purge_now_and_then(now)
@@ -222,38 +219,27 @@ class SqlLedger(abc.ABC):
                 replay = self._claim_key(cur, tenant, user, idempotency, now, request_id)
                 if replay is not None:
                     return replay
-            self._execute(
-                cur,
-                "INSERT INTO sentdp_accounts (tenant, user_id) VALUES (:t, :u) "
-                "ON CONFLICT (tenant, user_id) DO NOTHING",
-                params,
-            )
-            row = self._execute(
-                cur,
-                "UPDATE sentdp_accounts SET spent_micro = spent_micro + :total, "  # noqa: S608 (a constant)
-                "documents = documents + :n "
-                f"WHERE tenant = :t AND user_id = :u AND {ADMISSION_SQL} "
-                "RETURNING spent_micro, documents, period",
-                params
-                | {
-                    "total": charge.total_micro,
-                    "n": charge.documents,
-                    "g": policy.group_size,
-                    "lim": policy.limit_micro,
-                },
-            ).fetchone()
-            if row is None:
-                account = self._account(cur, tenant, user)
-                raise BudgetExhaustedError(account, charge, policy)
-            account = Account(tenant, user, int(row[0]), int(row[1]), int(row[2]))
+            before = spend.prepare(self, cur, tenant, user, policy, now)
+            account = spend.debit(self, cur, before, charge, policy)
+            if account is None:
+                raise BudgetExhaustedError(before, charge, policy)
             ids = []
-            for _ in range(charge.documents):
+            documents = charge.document_ids or (None,) * charge.documents
+            for document_id in documents:
                 inserted = self._execute(
                     cur,
-                    "INSERT INTO sentdp_charges (tenant, user_id, period, micro, state, "
-                    "request_id, created_at) VALUES (:t, :u, :p, :m, 'reserved', :r, :now) "
-                    "RETURNING id",
-                    params | {"p": account.period, "m": charge.micro, "r": request_id, "now": now},
+                    "INSERT INTO sentdp_charges (tenant, user_id, period, micro, units, state, "
+                    "request_id, created_at, document_id) VALUES "
+                    "(:t, :u, :p, :m, :units, 'reserved', :r, :now, :d) RETURNING id",
+                    params
+                    | {
+                        "p": account.period,
+                        "m": charge.micro,
+                        "units": policy.units(charge.micro),
+                        "r": request_id,
+                        "now": now,
+                        "d": document_id,
+                    },
                 ).fetchone()
                 ids.append(int(inserted[0]))
         return Reservation(ids, account)
@@ -327,17 +313,12 @@ class SqlLedger(abc.ABC):
                 row = self._execute(
                     cur,
                     "UPDATE sentdp_charges SET state = 'refunded', settled_at = :now "
-                    "WHERE id = :id AND state = 'reserved' RETURNING micro, period",
+                    "WHERE id = :id AND state = 'reserved' "
+                    "RETURNING micro, units, period, document_id",
                     {"id": charge_id, "now": now},
                 ).fetchone()
                 if row is not None:
-                    self._execute(
-                        cur,
-                        "UPDATE sentdp_accounts SET spent_micro = spent_micro - :m, "
-                        "documents = documents - 1 "
-                        "WHERE tenant = :t AND user_id = :u AND period = :p",
-                        {"m": int(row[0]), "p": int(row[1]), "t": tenant, "u": user},
-                    )
+                    spend.credit(self, cur, tenant, user, tuple(row))
             if idempotency is not None:
                 self._store_key(cur, tenant, user, idempotency.key, response, status, request_id)
             return self._account(cur, tenant, user)
@@ -368,32 +349,47 @@ class SqlLedger(abc.ABC):
         with self.transaction() as cur:
             self._execute(
                 cur,
-                "UPDATE sentdp_accounts SET spent_micro = 0, documents = 0, period = period + 1 "
-                "WHERE tenant = :t AND user_id = :u",
+                "UPDATE sentdp_accounts SET spent_micro = 0, documents = 0, spend_units = 0, "
+                "accountant = NULL, period = period + 1 WHERE tenant = :t AND user_id = :u",
                 {"t": tenant, "u": user},
             )
             return self._account(cur, tenant, user)
 
     def charges(self, tenant: str | None = None) -> list[dict[str, Any]]:
         """Every charge row (for audits and tests), oldest first."""
-        sql = "SELECT id, tenant, user_id, period, micro, state, request_id FROM sentdp_charges"
+        sql = (
+            "SELECT id, tenant, user_id, period, micro, state, request_id, units, document_id "
+            "FROM sentdp_charges"
+        )
         params: dict[str, Any] = {}
         if tenant is not None:
             sql += " WHERE tenant = :t"
             params["t"] = tenant
         with self.transaction() as cur:
             rows = self._execute(cur, sql + " ORDER BY id", params).fetchall()
-        names = ["id", "tenant", "user", "period", "micro", "state", "request_id"]
+        names = [
+            "id",
+            "tenant",
+            "user",
+            "period",
+            "micro",
+            "state",
+            "request_id",
+            "units",
+            "document",
+        ]
         return [dict(zip(names, row, strict=True)) for row in rows]
 
     def accounts(self) -> list[Account]:
         with self.transaction() as cur:
             rows = self._execute(
                 cur,
-                "SELECT tenant, user_id, spent_micro, documents, period FROM sentdp_accounts "
-                "ORDER BY tenant, user_id",
+                "SELECT tenant, user_id, spent_micro, documents, period, spend_units, accountant "
+                "FROM sentdp_accounts ORDER BY tenant, user_id",
             ).fetchall()
-        return [Account(r[0], r[1], int(r[2]), int(r[3]), int(r[4])) for r in rows]
+        return [
+            Account(r[0], r[1], int(r[2]), int(r[3]), int(r[4]), int(r[5] or 0), r[6]) for r in rows
+        ]
 
 
 def to_named_pyformat(sql: str) -> str:

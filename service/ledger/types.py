@@ -17,13 +17,16 @@ IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 
 @dataclass(frozen=True)
 class Account:
-    """A user's spending in the current period, in micro-epsilon."""
+    """A user's spending in the current period: the sum of epsilons (micro-epsilon), and the
+    spend as the tenant's accountant defines it (``spend_units``, in its units)."""
 
     tenant: str
     user: str
     spent_micro: int
     documents: int
     period: int
+    spend_units: int = 0
+    accountant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,15 @@ class BudgetExhaustedError(LedgerError):
         self.account = account
         self.charge = charge
         self.policy = policy
+
+
+class AccountantChangedError(LedgerError):
+    """The user's current period was kept by another accountant (the tenant changed it)."""
+
+    def __init__(self, kept_by: str, wanted: str) -> None:
+        super().__init__(f"this period was accounted {kept_by}, the tenant now uses {wanted}")
+        self.kept_by = kept_by
+        self.wanted = wanted
 
 
 class IdempotencyInFlightError(LedgerError):

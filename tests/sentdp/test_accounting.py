@@ -64,9 +64,22 @@ def test_admission_at_the_exact_remainder_and_one_micro_over() -> None:
     limit = budget_micro(10.0)
     assert limit == 10 * MICRO
     policy = Policy(group_size=2, limit_micro=limit)
-    assert policy.admits(3 * MICRO, Charge("deepcandidate", 2 * MICRO, 1))  # 2 * (3 + 2) == 10
-    assert not policy.admits(3 * MICRO, Charge("deepcandidate", 2 * MICRO + 1, 1))  # one over
-    assert policy.remaining_micro(3 * MICRO) == 4 * MICRO
+    assert policy.admits(3 * MICRO, 2 * MICRO)  # 2 * (3 + 2) == 10: exactly the limit
+    assert not policy.admits(3 * MICRO, 2 * MICRO + 1)  # one micro-epsilon over
+    assert policy.remaining_units(3 * MICRO) == 4 * MICRO
+
+
+def test_zcdp_policies_spend_rho_with_a_squared_group_factor() -> None:
+    policy = Policy(group_size=3, limit_micro=10 * MICRO, accounting="zcdp")
+    assert policy.multiplier == 9
+    assert policy.units(2 * MICRO) == MICRO // 2  # rho = 2^2 / 8
+    assert policy.units(1) == 1  # rounded up, never zero
+    assert policy.name == "zcdp-sequential"
+    assert Policy(1, 1, period_seconds=86_400).window(86_400 * 5 + 3) == 5
+    with pytest.raises(InputError):
+        Policy(1, 1, accounting="renyi")
+    with pytest.raises(InputError, match="one document id per document"):
+        Charge("deepcandidate", 1, 2, ("a",))
 
 
 def test_budgets_round_down_and_charges_validate() -> None:

@@ -183,6 +183,8 @@ def test_a_version_1_database_is_upgraded_in_place(ledger_url: tuple[str, str]) 
         first._execute(cur, "DROP INDEX IF EXISTS sentdp_idempotency_created")
         first._execute(cur, "ALTER TABLE sentdp_idempotency DROP COLUMN status")
         first._execute(cur, "UPDATE sentdp_meta SET value = '1' WHERE key = 'schema_version'")
+        first._execute(cur, "UPDATE sentdp_accounts SET spend_units = NULL")  # before v3
+        first._execute(cur, "UPDATE sentdp_charges SET units = NULL")
         first._execute(cur, "INSERT INTO sentdp_meta VALUES ('hmac_secret', :v)", {"v": "ab" * 32})
     first.close()
     upgraded = open_ledger(*ledger_url)
@@ -191,8 +193,10 @@ def test_a_version_1_database_is_upgraded_in_place(ledger_url: tuple[str, str]) 
             cur, "SELECT value FROM sentdp_meta WHERE key = 'schema_version'"
         ).fetchone()[0]
         assert "status" in upgraded._columns(cur, "sentdp_idempotency")
-    assert version == "2"
-    assert upgraded.account("acme", "alice").spent_micro == MICRO
+    assert version == "3"
+    upgraded_account = upgraded.account("acme", "alice")
+    assert (upgraded_account.spent_micro, upgraded_account.spend_units) == (MICRO, MICRO)
+    assert [c["units"] for c in upgraded.charges()] == [MICRO]
     assert upgraded.legacy_hmac_secret() == bytes.fromhex("ab" * 32)
     upgraded.forget_legacy_hmac_secret()
     assert upgraded.legacy_hmac_secret() is None
@@ -292,8 +296,8 @@ def test_the_sql_admission_rule_is_the_python_one_at_its_boundaries(
             with ledger.transaction() as cur:
                 ledger._execute(
                     cur,
-                    "INSERT INTO sentdp_accounts (tenant, user_id, spent_micro) "
-                    "VALUES ('acme', :u, :s)",
+                    "INSERT INTO sentdp_accounts (tenant, user_id, spent_micro, spend_units) "
+                    "VALUES ('acme', :u, :s, :s)",
                     {"u": user, "s": spent},
                 )
             try:
@@ -301,7 +305,7 @@ def test_the_sql_admission_rule_is_the_python_one_at_its_boundaries(
                 admitted = True
             except BudgetExhaustedError:
                 admitted = False
-            assert admitted == policy.admits(spent, charge), (spent, charge)
+            assert admitted == policy.admits(spent, charge.total_micro), (spent, charge)
             cases += 1
     assert cases == 12
 

@@ -20,7 +20,7 @@ BUNDLE = tiny_bundle()
 
 
 def test_the_budget_view_in_group_epsilon() -> None:
-    view = budget_view(Account("t", "u", 3 * MICRO, 2, 1), Policy(2, 10 * MICRO))
+    view = budget_view(Account("t", "u", 3 * MICRO, 2, 1, 3 * MICRO), Policy(2, 10 * MICRO))
     assert view.model_dump() == {
         "user": "u",
         "spent_epsilon": 3.0,
@@ -31,12 +31,20 @@ def test_the_budget_view_in_group_epsilon() -> None:
         "remaining_epsilon": 2.0,
         "documents": 2,
         "period": 1,
+        "accounting": "pure",
+        "composition": "sequential",
+        "spend": 6.0,
+        "spend_limit": 10.0,
+        "spend_unit": "epsilon",
+        "largest_document_spend": None,
     }
 
 
 def test_the_402_names_the_request_and_the_remainder() -> None:
     refused = BudgetExhaustedError(
-        Account("t", "u", 4 * MICRO, 4, 0), Charge("deepcandidate", MICRO, 2), Policy(2, 10 * MICRO)
+        Account("t", "u", 4 * MICRO, 4, 0, 4 * MICRO),
+        Charge("deepcandidate", MICRO, 2),
+        Policy(2, 10 * MICRO),
     )
     error = exhausted_error(refused)
     assert error.status == 402
@@ -110,7 +118,8 @@ def test_tenants_file_keys_and_scoping(tmp_path: Path) -> None:
     path.write_text(json.dumps(content))
     registry = TenantRegistry.load(path)
     assert registry.authenticate("ka").id == "a"
-    assert registry.authenticate("kb").policy == Policy(3, 9 * MICRO)
+    policy = registry.authenticate("kb").policy
+    assert (policy.group_size, policy.limit_micro, policy.name) == (3, 9 * MICRO, "pure-sequential")
     assert registry.authenticate("kc") is None
     assert registry.authenticate(None) is None
     shared = {

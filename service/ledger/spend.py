@@ -1,0 +1,180 @@
+"""How a reservation debits, and a refund credits, a user's spend under each accountant.
+
+Statements for :class:`~service.ledger.sql.SqlLedger`, run inside its transactions:
+
+* ``sequential``: one conditional UPDATE of the account (:data:`ADMISSION_SQL`).
+* ``per-document``: one conditional upsert per distinct document id of the request (the same
+  rule on the document's row: repeated ids inside a request add up first), then the account's
+  spend becomes the largest document spend. A refused id aborts the whole transaction, so no
+  document of a refused request is debited.
+* A refund credits what its charge row debited (its units, its document, its period) and, per
+  document, recomputes the account's largest spend.
+* A tenant renewing budgets on a clock starts a new period for the user at the first request
+  of a new window, inside the same transaction as the debit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from sentdp.accounting import ADMISSION_SQL, SEQUENTIAL, Charge, Policy
+from service.ledger.types import Account, AccountantChangedError
+
+if TYPE_CHECKING:
+    from service.ledger.sql import SqlLedger
+
+_ACCOUNT = (
+    "SELECT spent_micro, documents, period, spend_units, accountant, period_window "
+    "FROM sentdp_accounts WHERE tenant = :t AND user_id = :u"
+)
+_DEBIT_SEQUENTIAL = (
+    "UPDATE sentdp_accounts SET spent_micro = spent_micro + :eps, "  # noqa: S608 (constants)
+    "documents = documents + :n, spend_units = spend_units + :total, accountant = :acc "
+    f"WHERE tenant = :t AND user_id = :u AND {ADMISSION_SQL} "
+    "RETURNING spent_micro, documents, period, spend_units, accountant"
+)
+_DEBIT_DOCUMENT = (
+    "INSERT INTO sentdp_documents (tenant, user_id, period, document_id, spend_units) "
+    "VALUES (:t, :u, :p, :d, :total) ON CONFLICT (tenant, user_id, period, document_id) "
+    "DO UPDATE SET spend_units = sentdp_documents.spend_units + excluded.spend_units "
+    "WHERE :g * (sentdp_documents.spend_units + excluded.spend_units) <= :lim "
+    "RETURNING spend_units"
+)
+_DEBIT_LARGEST = (
+    "UPDATE sentdp_accounts SET spent_micro = spent_micro + :eps, "
+    "documents = documents + :n, accountant = :acc, "
+    "spend_units = CASE WHEN spend_units < :m THEN :m ELSE spend_units END "
+    "WHERE tenant = :t AND user_id = :u "
+    "RETURNING spent_micro, documents, period, spend_units, accountant"
+)
+
+
+def read_account(ledger: SqlLedger, cur: Any, tenant: str, user: str) -> Account:
+    return _read(ledger, cur, tenant, user)[0]
+
+
+def _read(ledger: SqlLedger, cur: Any, tenant: str, user: str) -> tuple[Account, int | None]:
+    row = ledger._execute(cur, _ACCOUNT, {"t": tenant, "u": user}).fetchone()
+    if row is None:
+        return Account(tenant, user, 0, 0, 0), None
+    spent, documents, period, units, accountant, window = row
+    account = Account(
+        tenant, user, int(spent), int(documents), int(period), int(units or 0), accountant
+    )
+    return account, None if window is None else int(window)
+
+
+def prepare(
+    ledger: SqlLedger, cur: Any, tenant: str, user: str, policy: Policy, now: float
+) -> Account:
+    """The user's account, renewed if its window has passed, checked against the accountant."""
+    ledger._execute(
+        cur,
+        "INSERT INTO sentdp_accounts (tenant, user_id, spend_units) VALUES (:t, :u, 0) "
+        "ON CONFLICT (tenant, user_id) DO NOTHING",
+        {"t": tenant, "u": user},
+    )
+    account, window = _read(ledger, cur, tenant, user)
+    current = policy.window(now)
+    if current is not None and window != current:
+        renew = window is not None  # a first window starts where the account stands
+        ledger._execute(
+            cur,
+            "UPDATE sentdp_accounts SET period_window = :w, "
+            "spent_micro = CASE WHEN :r = 1 THEN 0 ELSE spent_micro END, "
+            "documents = CASE WHEN :r = 1 THEN 0 ELSE documents END, "
+            "spend_units = CASE WHEN :r = 1 THEN 0 ELSE spend_units END, "
+            "accountant = CASE WHEN :r = 1 THEN NULL ELSE accountant END, "
+            "period = period + :r WHERE tenant = :t AND user_id = :u",
+            {"w": current, "r": int(renew), "t": tenant, "u": user},
+        )
+        account = read_account(ledger, cur, tenant, user)
+    if account.accountant not in (None, policy.name) and account.spend_units > 0:
+        raise AccountantChangedError(account.accountant or "", policy.name)
+    return account
+
+
+def debit(
+    ledger: SqlLedger, cur: Any, account: Account, charge: Charge, policy: Policy
+) -> Account | None:
+    """Debit ``charge`` under ``policy``: the account after it, or None if refused."""
+    units = policy.units(charge.micro)
+    params = {
+        "t": account.tenant,
+        "u": account.user,
+        "eps": charge.total_micro,
+        "n": charge.documents,
+        "acc": policy.name,
+        "g": policy.multiplier,
+        "lim": policy.limit_micro,
+    }
+    if policy.composition == SEQUENTIAL:
+        row = ledger._execute(
+            cur, _DEBIT_SEQUENTIAL, params | {"total": units * charge.documents}
+        ).fetchone()
+    else:
+        largest = 0
+        for document_id, count in sorted(Counter(charge.document_ids).items()):
+            total = units * count
+            if not policy.admits(0, total):
+                return None
+            stored = ledger._execute(
+                cur,
+                _DEBIT_DOCUMENT,
+                params | {"p": account.period, "d": document_id, "total": total},
+            ).fetchone()
+            if stored is None:
+                return None
+            largest = max(largest, int(stored[0]))
+        row = ledger._execute(cur, _DEBIT_LARGEST, params | {"m": largest}).fetchone()
+    if row is None:
+        return None
+    spent, documents, period, spend, accountant = row
+    return Account(
+        account.tenant,
+        account.user,
+        int(spent),
+        int(documents),
+        int(period),
+        int(spend),
+        accountant,
+    )
+
+
+def credit(
+    ledger: SqlLedger, cur: Any, tenant: str, user: str, charge_row: tuple[Any, ...]
+) -> None:
+    """Give back what one refunded charge row debited (micro, units, period, document id)."""
+    micro, units, period, document_id = charge_row
+    params = {
+        "t": tenant,
+        "u": user,
+        "m": int(micro),
+        "units": int(units if units is not None else micro),
+        "p": int(period),
+        "d": document_id,
+    }
+    if document_id is None:
+        ledger._execute(
+            cur,
+            "UPDATE sentdp_accounts SET spent_micro = spent_micro - :m, "
+            "documents = documents - 1, spend_units = spend_units - :units "
+            "WHERE tenant = :t AND user_id = :u AND period = :p",
+            params,
+        )
+        return
+    ledger._execute(
+        cur,
+        "UPDATE sentdp_documents SET spend_units = spend_units - :units "
+        "WHERE tenant = :t AND user_id = :u AND period = :p AND document_id = :d",
+        params,
+    )
+    ledger._execute(
+        cur,
+        "UPDATE sentdp_accounts SET spent_micro = spent_micro - :m, documents = documents - 1, "
+        "spend_units = COALESCE((SELECT MAX(spend_units) FROM sentdp_documents "
+        "WHERE tenant = :t AND user_id = :u AND period = :p), 0) "
+        "WHERE tenant = :t AND user_id = :u AND period = :p",
+        params,
+    )
