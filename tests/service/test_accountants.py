@@ -1,0 +1,168 @@
+"""Each accountant of the ledger against a brute-force Python accountant, on random request
+sequences: repeated ids inside one request, edits under one id, refunds before sampling,
+finals, operator periods and periods rolling over on the clock; SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+from sentdp.accounting import MICRO, PER_DOCUMENT, Charge, Policy
+from service.ledger import BudgetExhaustedError, Reservation, SqlLedger, open_ledger
+from service.ledger import sql as ledger_sql
+
+EPSILONS = (0.5, 1.0, 2.5)
+DAY = 86_400
+
+
+@dataclass
+class Model:
+    """What the ledger must hold, computed the slow, obvious way."""
+
+    policy: Policy
+    period: int = 0
+    epsilon_sum: int = 0
+    documents: int = 0
+    sequential: int = 0
+    per_id: Counter = field(default_factory=Counter)
+
+    def spend(self) -> int:
+        if self.policy.composition == PER_DOCUMENT:
+            return max(self.per_id.values(), default=0)
+        return self.sequential
+
+    def admits(self, charge: Charge) -> bool:
+        units = self.policy.units(charge.micro)
+        if self.policy.composition == PER_DOCUMENT:
+            added = Counter(charge.document_ids)
+            return all(self.policy.admits(self.per_id[d], units * n) for d, n in added.items())
+        return self.policy.admits(self.sequential, units * charge.documents)
+
+    def apply(self, charge: Charge, sign: int = 1, documents: tuple[str | None, ...] = ()) -> None:
+        units = self.policy.units(charge.micro)
+        count = len(documents) if sign < 0 else charge.documents
+        self.epsilon_sum += sign * charge.micro * count
+        self.documents += sign * count
+        if self.policy.composition == PER_DOCUMENT:
+            for document in documents if sign < 0 else charge.document_ids:
+                self.per_id[document] += sign * units
+        else:
+            self.sequential += sign * units * count
+
+    def renew(self) -> None:
+        self.period += 1
+        self.epsilon_sum = self.documents = self.sequential = 0
+        self.per_id = Counter()
+
+
+def run_sequence(ledger: SqlLedger, policy: Policy, seed: int, clock: list[float]) -> int:
+    rng = random.Random(seed)
+    model = Model(policy, period=ledger.account("acme", "u").period)
+    open_charges: list[tuple[int, Charge, str | None, int]] = []  # (id, charge, doc, period)
+    admitted = 0
+    window_passed = window_known = False
+    for step in range(120):
+        action = rng.random()
+        if action < 0.6:
+            n = rng.randint(1, 4)
+            micro = int(rng.choice(EPSILONS) * MICRO)
+            ids = tuple(rng.choice("abcde") for _ in range(n))
+            per_document = policy.composition == PER_DOCUMENT
+            charge = Charge("deepcandidate", micro, n, ids if per_document else ())
+            # The ledger renews at the first admitted request of a new window (a refused one
+            # rolls back with everything else); the first request under a clock starts one.
+            after = copy.deepcopy(model)
+            if window_passed and window_known:
+                after.renew()
+            expected = after.admits(charge)
+            try:
+                reserved = ledger.reserve("acme", "u", charge, policy, f"r{step}")
+            except BudgetExhaustedError:
+                assert not expected, step
+            else:
+                assert expected, step
+                assert isinstance(reserved, Reservation)
+                model = after
+                model.apply(charge)
+                window_passed, window_known = False, policy.period_seconds is not None
+                admitted += 1
+                docs = charge.document_ids or (None,) * n
+                open_charges += [
+                    (i, charge, d, model.period)
+                    for i, d in zip(reserved.charge_ids, docs, strict=True)
+                ]
+        elif action < 0.85 and open_charges:
+            rng.shuffle(open_charges)
+            chosen, open_charges = open_charges[:2], open_charges[2:]
+            refunded = [c for c in chosen if rng.random() < 0.5]
+            final = [c for c in chosen if c not in refunded]
+            ledger.settle("acme", "u", [c[0] for c in final], [c[0] for c in refunded])
+            for _, charge, document, period in refunded:
+                if period == model.period:  # a refund never touches a later period
+                    model.apply(charge, -1, (document,))
+        elif action < 0.92:
+            if policy.period_seconds:
+                clock[0] += DAY  # a new window: the next request starts a new period
+                window_passed = True
+            else:
+                ledger.new_period("acme", "u")
+                model.renew()
+        account = ledger.account("acme", "u")
+        assert account.period == model.period, step
+        assert (account.spent_micro, account.spend_units) == (model.epsilon_sum, model.spend()), (
+            step
+        )
+        assert account.documents == model.documents, step
+    return admitted
+
+
+@pytest.mark.parametrize("accounting", ["pure", "zcdp"])
+@pytest.mark.parametrize("composition", ["sequential", "per-document"])
+def test_the_ledger_keeps_each_accountant_exactly(
+    ledger_url: tuple[str, str], accounting: str, composition: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1_000 * DAY + 5.0]
+    monkeypatch.setattr(ledger_sql, "time", SimpleNamespace(time=lambda: clock[0]))
+    ledger = open_ledger(*ledger_url)
+    limit = 12 * MICRO if accounting == "pure" else MICRO  # a few releases each way
+    for seed, period in ((1, None), (2, DAY)):
+        policy = Policy(2, limit, accounting, composition, period)
+        ledger.new_period("acme", "u")
+        assert run_sequence(ledger, policy, seed, clock) > 5
+    ledger.close()
+
+
+@pytest.mark.parametrize("accounting", ["pure", "zcdp"])
+@pytest.mark.parametrize("composition", ["sequential", "per-document"])
+def test_200_concurrent_requests_spend_exactly_the_budget(
+    ledger_url: tuple[str, str], accounting: str, composition: str
+) -> None:
+    """Budget for exactly 10 releases (of each document, per document) at the boundary."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ledger = open_ledger(*ledger_url)
+    micro = MICRO
+    probe = Policy(1, 1, accounting, composition)
+    policy = Policy(1, 10 * probe.units(micro), accounting, composition)
+    per_document = composition == PER_DOCUMENT
+
+    def attempt(i: int) -> bool:
+        ids = (f"doc-{i % 5}",) if per_document else ()
+        try:
+            ledger.reserve("acme", "crowd", Charge("deepcandidate", micro, 1, ids), policy, "r")
+        except BudgetExhaustedError:
+            return False
+        return True
+
+    with ThreadPoolExecutor(max_workers=24) as pool:
+        admitted = sum(pool.map(attempt, range(200)))
+    assert admitted == (50 if per_document else 10)
+    account = ledger.account("acme", "crowd")
+    assert account.spend_units == 10 * policy.units(micro)
+    assert account.documents == admitted
+    ledger.close()
