@@ -1,7 +1,8 @@
 """``sentdp-admin``: operator commands for tenants, keys and budgets.
 
-* ``new-key --tenant ID [--max-epsilon E --group-size G --budget B]``: add a tenant (or a key to
-  an existing one) to the tenants file and print the new API key once.
+* ``new-key --tenant ID [--max-epsilon E --group-size G --budget B --composition C
+  --accounting A --delta D --period-days N]``: add a tenant (or a key to an existing one) to
+  the tenants file and print the new API key once.
 * ``revoke-key --tenant ID (--key KEY | --key-file FILE | --all)``: remove API keys of a
   tenant; running servers stop accepting them within a second (they re-read the file).
 * ``purge``: delete idempotency rows older than their 24-hour window now (servers also do it
@@ -17,6 +18,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from sentdp.accounting import to_epsilon
 from service.ledger import open_ledger
@@ -34,8 +36,16 @@ def _write(path: Path, tenants: TenantsFile) -> None:
     write_private(path, tenants.model_dump_json(indent=2))
 
 
-def add_key(path: Path, tenant_id: str, max_epsilon: float, group_size: int, budget: float) -> str:
-    """Add a key (and the tenant, if new) to the tenants file; return the key."""
+def add_key(
+    path: Path,
+    tenant_id: str,
+    max_epsilon: float,
+    group_size: int,
+    budget: float,
+    accountant: dict[str, Any] | None = None,
+) -> str:
+    """Add a key (and the tenant, if new, with its ``accountant`` fields: composition,
+    accounting, delta, period_days) to the tenants file; return the key."""
     key = new_key()
     tenants = _read(path)
     existing = {t.id: t for t in tenants.tenants}
@@ -49,6 +59,7 @@ def add_key(path: Path, tenant_id: str, max_epsilon: float, group_size: int, bud
             max_epsilon=max_epsilon,
             group_size=group_size,
             budget=budget,
+            **(accountant or {}),
         )
     existing[tenant_id] = updated
     _write(path, TenantsFile(tenants=list(existing.values())))
@@ -79,6 +90,15 @@ def main(argv: list[str] | None = None) -> None:
     key.add_argument("--max-epsilon", type=float, default=10.0)
     key.add_argument("--group-size", type=int, default=1)
     key.add_argument("--budget", type=float, default=100.0)
+    key.add_argument(
+        "--composition",
+        choices=["sequential", "per-document"],
+        default="sequential",
+        help="per-document: requests name each document's stable id (see the README)",
+    )
+    key.add_argument("--accounting", choices=["pure", "zcdp"], default="pure")
+    key.add_argument("--delta", type=float, help="delta of (B, delta); required with zcdp")
+    key.add_argument("--period-days", type=int, help="renew budgets every this many days")
     key.add_argument("--key-file", type=Path, help="also write the key to this file (mode 600)")
     revoke = commands.add_parser("revoke-key", help="remove API keys of a tenant")
     revoke.add_argument("--tenant", required=True)
@@ -94,9 +114,23 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     settings = load_settings()
     if args.command == "new-key":
-        secret = add_key(
-            settings.tenants_file, args.tenant, args.max_epsilon, args.group_size, args.budget
-        )
+        accountant = {
+            "composition": args.composition,
+            "accounting": args.accounting,
+            "delta": args.delta,
+            "period_days": args.period_days,
+        }
+        try:
+            secret = add_key(
+                settings.tenants_file,
+                args.tenant,
+                args.max_epsilon,
+                args.group_size,
+                args.budget,
+                accountant,
+            )
+        except ValueError as error:
+            raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None
         if args.key_file:
             write_private(args.key_file, secret + "\n")
         print(secret)

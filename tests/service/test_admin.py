@@ -76,3 +76,20 @@ def test_purge_reports_what_it_deleted(
 ) -> None:
     main(["purge"])
     assert json.loads(capsys.readouterr().out) == {"purged_idempotency_rows": 0}
+
+
+def test_a_tenant_can_be_created_with_its_accountant(
+    tenants_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = new_key(
+        "rho", capsys, "--accounting", "zcdp", "--delta", "1e-6", "--composition",
+        "per-document", "--period-days", "30", "--budget", "10",
+    )  # fmt: skip
+    policy = TenantRegistry.load(tenants_file).authenticate(key).policy
+    assert (policy.name, policy.period_seconds, policy.budget) == (
+        "zcdp-per-document",
+        30 * 86_400,
+        10.0,
+    )
+    with pytest.raises(SystemExit, match="delta is required"):
+        main(["new-key", "--tenant", "bad", "--accounting", "zcdp"])
