@@ -82,7 +82,7 @@ def revoke_keys(path: Path, tenant_id: str, key: str | None) -> int:
     return removed
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sentdp-admin", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     key = commands.add_parser("new-key", help="add a tenant or an API key; prints the key")
@@ -111,30 +111,14 @@ def main(argv: list[str] | None = None) -> None:
         sub = commands.add_parser(name)
         sub.add_argument("--tenant", required=True)
         sub.add_argument("--user", required=True)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     settings = load_settings()
     if args.command == "new-key":
-        accountant = {
-            "composition": args.composition,
-            "accounting": args.accounting,
-            "delta": args.delta,
-            "period_days": args.period_days,
-        }
-        try:
-            secret = add_key(
-                settings.tenants_file,
-                args.tenant,
-                args.max_epsilon,
-                args.group_size,
-                args.budget,
-                accountant,
-            )
-        except ValueError as error:
-            raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None
-        if args.key_file:
-            write_private(args.key_file, secret + "\n")
-        print(secret)
-        print(f"tenant {args.tenant} saved in {settings.tenants_file}", file=sys.stderr)
+        new_tenant_key(args, settings.tenants_file)
         return
     if args.command == "revoke-key":
         key = args.key_file.read_text().strip() if args.key_file else args.key
@@ -161,6 +145,26 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
     )
+
+
+def new_tenant_key(args: argparse.Namespace, tenants_file: Path) -> None:
+    """``new-key``: add the key (and the tenant), print it once, write it to --key-file."""
+    accountant = {
+        "composition": args.composition,
+        "accounting": args.accounting,
+        "delta": args.delta,
+        "period_days": args.period_days,
+    }
+    try:
+        secret = add_key(
+            tenants_file, args.tenant, args.max_epsilon, args.group_size, args.budget, accountant
+        )
+    except ValueError as error:
+        raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None
+    if args.key_file:
+        write_private(args.key_file, secret + "\n")
+    print(secret)
+    print(f"tenant {args.tenant} saved in {tenants_file}", file=sys.stderr)
 
 
 if __name__ == "__main__":
