@@ -166,3 +166,19 @@ def test_200_concurrent_requests_spend_exactly_the_budget(
     assert account.spend_units == 10 * policy.units(micro)
     assert account.documents == admitted
     ledger.close()
+
+
+def test_a_period_is_kept_by_one_accountant(ledger_url: tuple[str, str]) -> None:
+    from service.ledger import AccountantChangedError
+
+    ledger = open_ledger(*ledger_url)
+    pure = Policy(1, 10 * MICRO)
+    rho = Policy(1, 10 * MICRO, "zcdp")
+    ledger.reserve("acme", "v", Charge("deepcandidate", MICRO, 1), pure, "r1")
+    with pytest.raises(AccountantChangedError, match="pure-sequential"):
+        ledger.reserve("acme", "v", Charge("deepcandidate", MICRO, 1), rho, "r2")
+    ledger.new_period("acme", "v")  # the operator opens a new period: the new accountant keeps it
+    ledger.reserve("acme", "v", Charge("deepcandidate", MICRO, 1), rho, "r3")
+    account = ledger.account("acme", "v")
+    assert (account.accountant, account.spend_units) == ("zcdp-sequential", MICRO // 8)
+    ledger.close()
