@@ -249,21 +249,53 @@ def load_user_corpus(
     return _finish(path.stem, str(path), sha256_of(path), True, documents, "splitter")
 
 
+CSV_FIELD_LIMIT = 64 * 1024 * 1024
+"""The longest CSV field read (Python's csv module stops at 128 KB by default, which a long
+e-mail thread exceeds)."""
+
+
 def _read_rows(path: Path) -> list[dict[str, object]]:
+    """The rows of a CSV, TSV or JSONL corpus; every problem ends in an InputError that names
+    the line."""
     suffix = path.suffix.lower()
-    if suffix in {".jsonl", ".ndjson"}:
-        rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise InputError(f"line {number + 1} of {path} is not JSON: {error}") from None
-        return rows
-    if suffix in {".csv", ".tsv"}:
-        with path.open(encoding="utf-8", newline="") as handle:
-            return list(csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ","))
+    try:
+        if suffix in {".jsonl", ".ndjson"}:
+            return _json_rows(path)
+        if suffix in {".csv", ".tsv"}:
+            return _csv_rows(path, "\t" if suffix == ".tsv" else ",")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path} is not UTF-8 text (byte {error.start})") from None
     raise InputError(f"{path}: corpus files must be .csv, .tsv or .jsonl")
+
+
+def _json_rows(path: Path) -> list[dict[str, object]]:
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise InputError(f"line {number + 1} of {path} is not JSON: {error}") from None
+            if not isinstance(row, dict):
+                raise InputError(f"line {number + 1} of {path} is not a JSON object")
+            rows.append(row)
+    return rows
+
+
+def _csv_rows(path: Path, delimiter: str) -> list[dict[str, object]]:
+    previous = csv.field_size_limit(CSV_FIELD_LIMIT)
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle, delimiter=delimiter)
+            try:
+                return list(reader)
+            except csv.Error as error:
+                raise InputError(
+                    f"line {reader.line_num + 1} of {path} cannot be read as CSV: {error} "
+                    f"(fields are read up to {CSV_FIELD_LIMIT:,} characters)"
+                ) from None
+    finally:
+        csv.field_size_limit(previous)
 
 
 def load_glove(cache_dir: Path) -> tuple[np.ndarray, list[str]]:

@@ -173,3 +173,30 @@ def test_the_cli_reports_errors_with_exit_code_2(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "--corpus-is-public" in result.stderr
+
+
+def test_long_csv_fields_load_and_bad_files_end_in_a_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import csv
+
+    from training import datasets
+
+    thread = " ".join(f"Reply number {n} quotes the thread again." for n in range(5000))
+    assert len(thread) > 128 * 1024  # over Python's default csv field limit
+    path = tmp_path / "long.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["text", "label"])
+        writer.writerows([[thread, "a"], ["Short one. Second.", "b"]])
+    corpus = load_user_corpus(path, "text", "label", True, TextLimits(max_sentences=6000))
+    assert len(corpus.documents[0].sentences) == 5000
+    monkeypatch.setattr(datasets, "CSV_FIELD_LIMIT", 1000)
+    with pytest.raises(InputError, match=r"line 2 of .* up to 1,000 characters"):
+        load_user_corpus(path, "text", "label", True, TextLimits(max_sentences=6000))
+    (tmp_path / "latin.csv").write_bytes(b"text,label\n\xe9t\xe9,a\n")
+    with pytest.raises(InputError, match="not UTF-8"):
+        load_user_corpus(tmp_path / "latin.csv", "text", "label", True, TextLimits())
+    (tmp_path / "list.jsonl").write_text('["not", "an", "object"]\n')
+    with pytest.raises(InputError, match=r"line 1 of .* not a JSON object"):
+        load_user_corpus(tmp_path / "list.jsonl", "text", "label", True, TextLimits())
