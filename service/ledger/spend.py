@@ -86,7 +86,9 @@ def prepare(
             "documents = CASE WHEN :r = 1 THEN 0 ELSE documents END, "
             "spend_units = CASE WHEN :r = 1 THEN 0 ELSE spend_units END, "
             "accountant = CASE WHEN :r = 1 THEN NULL ELSE accountant END, "
-            "period = period + :r WHERE tenant = :t AND user_id = :u",
+            "period = period + :r WHERE tenant = :t AND user_id = :u "
+            # re-checked on the newest row: a concurrent request that renewed first wins alone
+            "AND (period_window IS NULL OR period_window <> :w)",
             {"w": current, "r": int(renew), "t": tenant, "u": user},
         )
         account = read_account(ledger, cur, tenant, user)

@@ -182,3 +182,26 @@ def test_a_period_is_kept_by_one_accountant(ledger_url: tuple[str, str]) -> None
     account = ledger.account("acme", "v")
     assert (account.accountant, account.spend_units) == ("zcdp-sequential", MICRO // 8)
     ledger.close()
+
+
+def test_concurrent_first_requests_of_a_window_renew_once(
+    ledger_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    clock = [100 * DAY + 1.0]
+    monkeypatch.setattr(ledger_sql, "time", SimpleNamespace(time=lambda: clock[0]))
+    ledger = open_ledger(*ledger_url)
+    policy = Policy(1, 100 * MICRO, period_seconds=DAY)
+    ledger.reserve("acme", "w", Charge("deepcandidate", MICRO, 1), policy, "first")
+    clock[0] += DAY  # every request below is among the first of a new window
+
+    def attempt(i: int) -> None:
+        ledger.reserve("acme", "w", Charge("deepcandidate", MICRO, 1), policy, f"r{i}")
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(attempt, range(40)))
+    account = ledger.account("acme", "w")
+    assert account.period == 1  # renewed exactly once
+    assert (account.spend_units, account.documents) == (40 * MICRO, 40)  # no debit wiped out
+    ledger.close()
