@@ -44,9 +44,11 @@ def test_schemathesis_finds_no_server_error(server: Server, tmp_path: Path) -> N
             "--header",
             f"Authorization: Bearer {ZERO.key}",
             "--report",
-            "junit",
+            "junit,har",
             "--report-dir",
             str(tmp_path),
+            "--report-har-path",
+            str(tmp_path / "requests.har"),
         ],
         capture_output=True,
         text=True,
@@ -58,6 +60,37 @@ def test_schemathesis_finds_no_server_error(server: Server, tmp_path: Path) -> N
     assert tested is not None
     assert int(tested.group(1)) >= 3, result.stdout[-2000:]  # /privatize, /classify, /budget
     assert_tenant_untouched(server, "zero")
+    # No string schemathesis sent (6 characters or more) reaches the server's log.
+    sent = generated_strings(json.loads((tmp_path / "requests.har").read_text()))
+    assert len(sent) >= 10, "schemathesis sent too few strings to check"
+    assert server.log is not None
+    log = server.log.read_text(errors="replace")
+    leaked = [text for text in sent if text in log]
+    assert not leaked, leaked[:5]
+
+
+def generated_strings(har: dict) -> set[str]:
+    """Every string value of at least 6 characters (and 3 distinct ones) in the bodies."""
+    found: set[str] = set()
+
+    def walk(value: object) -> None:
+        if isinstance(value, str) and len(value) >= 6 and len(set(value)) >= 3:
+            found.add(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    for entry in har["log"]["entries"]:
+        text = (entry["request"].get("postData") or {}).get("text") or ""
+        try:
+            walk(json.loads(text))
+        except ValueError:
+            if len(text) >= 6:
+                found.add(text)
+    return found
 
 
 UNICODE = [
