@@ -75,6 +75,26 @@ class ExactLoss:
         a, b = self.log_probs(pair.d, epsilon), self.log_probs(pair.d2, epsilon)
         return float(np.max(np.abs(a - b)))
 
+    def events(self, pair: Pair, epsilon: float, samples: int) -> list[set[int]]:
+        """Output events chosen from the public bundle alone: the outcomes whose exact
+        probability is most raised by D over D' (and the reverse), as many as maximise the
+        bound expected from ``samples`` draws per side (global candidate ids)."""
+        from evaluation.audit_stats import ratio_bound
+
+        a, b = self.log_probs(pair.d, epsilon), self.log_probs(pair.d2, epsilon)
+        offset = self.offset(epsilon)
+        events = []
+        for first, second in ((a, b), (b, a)):
+            order = np.argsort(-(first - second), kind="stable")[:256]
+            p, q = np.cumsum(np.exp(first[order])), np.cumsum(np.exp(second[order]))
+            expected = [
+                ratio_bound(int(p[k] * samples), int(q[k] * samples), samples, samples, 0.05)
+                for k in range(len(order))
+            ]
+            size = int(np.argmax(expected)) + 1
+            events.append({offset + int(o) for o in order[:size]})
+        return events
+
     def offset(self, epsilon: float) -> int:
         """Global id of the variant's first candidate (the service releases global ids)."""
         return self.bundle.variant(self.bundle.manifest.choice_for(epsilon).variant).record.offset
@@ -152,7 +172,7 @@ def audit_pair(
 ) -> PairResult:
     d = sampler(pair.d, epsilon, samples)
     d2 = sampler(pair.d2, epsilon, samples)
-    bound = lower_bound(d, d2, confidence)
+    bound = lower_bound(d, d2, confidence, loss.events(pair, epsilon, samples))
     return PairResult(
         pair=pair.name,
         epsilon=epsilon,

@@ -68,10 +68,36 @@ def choose_event(first: Sequence[int], second: Sequence[int], alpha: float) -> t
     return best
 
 
-def lower_bound(
-    outcomes_d: Sequence[int], outcomes_d2: Sequence[int], confidence: float = 0.95
+def event_bound(
+    outcomes_d: Sequence[int], outcomes_d2: Sequence[int], event: set[int], confidence: float
 ) -> Bound:
-    """A lower bound on the pair's privacy loss, valid with probability ``confidence``."""
+    """The bound for an event chosen without looking at the samples (from public knowledge
+    such as the bundle's exact probabilities): every sample estimates it."""
+    hits = sum(o in event for o in outcomes_d)
+    other = sum(o in event for o in outcomes_d2)
+    bound = ratio_bound(hits, other, len(outcomes_d), len(outcomes_d2), 1 - confidence)
+    return Bound(bound, tuple(sorted(event)), "public event", len(outcomes_d) + len(outcomes_d2))
+
+
+def lower_bound(
+    outcomes_d: Sequence[int],
+    outcomes_d2: Sequence[int],
+    confidence: float = 0.95,
+    public_events: Sequence[set[int]] = (),
+) -> Bound:
+    """A lower bound on the pair's privacy loss, valid with probability ``confidence``: the
+    best of events chosen on half of the samples (both directions) and of ``public_events``
+    (chosen without the samples), with the confidence split between all of them."""
+    tries = 2 + len(public_events)
+    best = _split_bound(outcomes_d, outcomes_d2, 1 - (1 - confidence) * 2 / tries)
+    for event in public_events:
+        found = event_bound(outcomes_d, outcomes_d2, event, 1 - (1 - confidence) / tries)
+        if found.epsilon_lower > best.epsilon_lower:
+            best = found
+    return best
+
+
+def _split_bound(outcomes_d: Sequence[int], outcomes_d2: Sequence[int], confidence: float) -> Bound:
     alpha = (1 - confidence) / 2  # two directions
     half_d, half_d2 = len(outcomes_d) // 2, len(outcomes_d2) // 2
     best = Bound(0.0, (), "none", len(outcomes_d) + len(outcomes_d2))
