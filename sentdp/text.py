@@ -92,11 +92,23 @@ def _ends(last_word: str, has_alnum: bool, mark: str) -> bool:
     return not _ACRONYM.fullmatch(word)
 
 
+def last_word(text: str, start: int, end: int) -> str:
+    """``text[start:end].split()[-1]`` (or ""), scanning back from ``end`` only as far as the
+    word reaches: the last word before a mark, even with whitespace between them."""
+    word_end = end
+    while word_end > start and text[word_end - 1].isspace():
+        word_end -= 1
+    word_start = word_end
+    while word_start > start and not text[word_start - 1].isspace():
+        word_start -= 1
+    return text[word_start:word_end]
+
+
 def segment_spans(paragraph: str) -> Iterator[tuple[int, int]]:
     """Spans of the segments of one paragraph, decided left to right (see the module).
 
     Linear in the paragraph's length: each character is scanned a bounded number of times
-    (the last word before a mark never reaches back past the previous mark's whitespace).
+    (the last word before a mark never reaches back past the previous mark).
     """
     size = len(paragraph)
     start = scanned = size - len(paragraph.lstrip())
@@ -107,10 +119,7 @@ def segment_spans(paragraph: str) -> Iterator[tuple[int, int]]:
         if not has_alnum:
             has_alnum = _ALNUM.search(paragraph, scanned, match.start()) is not None
             scanned = match.start()
-        word_start = match.start()
-        while word_start > start and not paragraph[word_start - 1].isspace():
-            word_start -= 1
-        if _ends(paragraph[word_start : match.start()], has_alnum, match.group()):
+        if _ends(last_word(paragraph, start, match.start()), has_alnum, match.group()):
             yield start, match.end()
             start = match.end()
             while start < size and paragraph[start].isspace():

@@ -83,3 +83,12 @@ def test_the_end_decision_reads_the_segment_only() -> None:
     assert not ends_sentence('"Why', '?"')
     assert ends_sentence("Why", "?")
     assert not ends_sentence("I loved it", "...")
+
+
+def test_the_word_before_a_spaced_mark_is_still_the_word_before_it() -> None:
+    # Tokenized text puts a space before the dot: "lt ." is still the abbreviation "lt".
+    assert SPLITTER.tokenize("he plays lt . col . tall . then leaves .") == [
+        "he plays lt . col . tall .",
+        "then leaves .",
+    ]
+    assert ends_sentence("he plays lt ", ".") is False
