@@ -63,8 +63,17 @@ class ExactLoss:
     def __init__(self, bundle: Bundle, encoder: SentenceEncoder) -> None:
         self.bundle = bundle
         self.encoder = encoder
+        self._known: dict[tuple[tuple[str, ...], float], np.ndarray] = {}
 
     def log_probs(self, sentences: list[str], epsilon: float) -> np.ndarray:
+        """Exact log-probabilities of every candidate (cached: the pair search, the loss and
+        the public events all ask for the same documents)."""
+        key = (tuple(sentences), epsilon)
+        if key not in self._known:
+            self._known[key] = self._log_probs(sentences, epsilon)
+        return self._known[key]
+
+    def _log_probs(self, sentences: list[str], epsilon: float) -> np.ndarray:
         choice = self.bundle.manifest.choice_for(epsilon)
         variant = self.bundle.variant(choice.variant)
         recoded = recode(variant.recoder, self.encoder.encode(sentences))
