@@ -26,9 +26,8 @@ def budget_view(account: Account, policy: Policy) -> Budget:
     spend = to_epsilon(policy.multiplier * account.spend_units)
     left = to_epsilon(policy.remaining_units(account.spend_units))
     if policy.accounting == PURE:
-        remaining, next_epsilon = left, left / policy.group_size
-    else:
-        remaining = left
+        next_epsilon = left / policy.group_size
+    else:  # the epsilon whose rho = epsilon^2 / 8 fills what is left
         next_epsilon = math.sqrt(8 * max(left, 0.0)) / policy.group_size
     return Budget(
         user=account.user,
@@ -36,7 +35,7 @@ def budget_view(account: Account, policy: Policy) -> Budget:
         group_size=policy.group_size,
         group_epsilon=policy.group_size * spent,
         limit=policy_budget(policy),
-        remaining=remaining,
+        remaining=left,
         remaining_epsilon=next_epsilon,
         documents=account.documents,
         period=account.period,

@@ -29,6 +29,8 @@ from service.schemas import WorkItem, WorkReply, WorkRequest, WorkResult
 from service.settings import ACCESS_LOG, boot_settings, load_settings
 
 BOOT = boot_settings()
+LATE = WorkResult(sampled=False, error="not started before its deadline")
+"""The answer for an item whose request's deadline passed before its turn (nothing drawn)."""
 WORKER_CALLERS = 64
 """Threads that may wait inside the worker at once: BentoML's default of one would queue
 calls first come, first served before they reach the gate that lets tenants take turns."""
@@ -134,16 +136,12 @@ class Worker:
             if started:
                 return self._compute(requests)
         metric("late_requests").inc(len(requests))
-        late = WorkResult(sampled=False, error="not started before its deadline")
-        return [WorkReply(results=[late] * len(r.items)) for r in requests]
+        return [WorkReply(results=[LATE] * len(r.items)) for r in requests]
 
     def _compute(self, requests: list[WorkRequest]) -> list[WorkReply]:
         started = time.perf_counter()
         now = time.time()
-        replies = [
-            [WorkResult(sampled=False, error="not started before its deadline")] * len(r.items)
-            for r in requests
-        ]
+        replies = [[LATE] * len(r.items) for r in requests]
         live: list[tuple[int, int, WorkItem]] = []
         for r, request in enumerate(requests):
             if now > request.deadline:
