@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from sentdp.accounting import ADMISSION_SQL, SEQUENTIAL, Charge, Policy
+from sentdp.accounting import ADMISSION_SQL, PER_DOCUMENT, SEQUENTIAL, Charge, Policy
+from sentdp.errors import InputError
 from service.ledger.types import Account, AccountantChangedError
 
 if TYPE_CHECKING:
@@ -101,6 +102,11 @@ def debit(
     ledger: SqlLedger, cur: Any, account: Account, charge: Charge, policy: Policy
 ) -> Account | None:
     """Debit ``charge`` under ``policy``: the account after it, or None if refused."""
+    if bool(charge.document_ids) != (policy.composition == PER_DOCUMENT):
+        raise InputError(  # a per-document debit without ids would charge no document
+            f"a {policy.composition} accountant needs "
+            f"{'one document id per document' if charge.document_ids == () else 'no document ids'}"
+        )
     units = policy.units(charge.micro)
     params = {
         "t": account.tenant,

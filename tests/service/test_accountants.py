@@ -205,3 +205,24 @@ def test_concurrent_first_requests_of_a_window_renew_once(
     assert account.period == 1  # renewed exactly once
     assert (account.spend_units, account.documents) == (40 * MICRO, 40)  # no debit wiped out
     ledger.close()
+
+
+def test_ids_must_match_the_accountant_at_the_ledger_too(ledger_url: tuple[str, str]) -> None:
+    from sentdp.errors import InputError
+
+    ledger = open_ledger(*ledger_url)
+    with pytest.raises(InputError, match="one document id per document"):
+        ledger.reserve(
+            "acme",
+            "z",
+            Charge("deepcandidate", MICRO, 1),
+            Policy(1, MICRO, "pure", PER_DOCUMENT),
+            "r",
+        )
+    with pytest.raises(InputError, match="no document ids"):
+        ledger.reserve(
+            "acme", "z", Charge("deepcandidate", MICRO, 1, ("a",)), Policy(1, MICRO), "r"
+        )
+    assert ledger.charges() == []
+    assert ledger.account("acme", "z").spend_units == 0
+    ledger.close()
