@@ -37,6 +37,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(DEFAULTS["epsilons"]))
     parser.add_argument("--k-epsilon", type=float, default=DEFAULTS["k_epsilon"])
     parser.add_argument("--mdp-documents", type=int, default=DEFAULTS["mdp_documents"])
+    parser.add_argument(
+        "--baselines",
+        nargs="*",
+        choices=["truncation", "word_mdp"],
+        default=list(DEFAULTS["baselines"]),
+        help="private baselines to run (default both; word_mdp is the slow one)",
+    )
     parser.add_argument("--quick", action="store_true", help="2 trials, 20 test documents")
     parser.add_argument(
         "--render-only",
@@ -52,6 +59,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         epsilons=tuple(sorted(args.epsilons)),
         k_epsilon=args.k_epsilon,
         mdp_documents=args.mdp_documents,
+        baselines=tuple(args.baselines),
     )
     return config.quick() if args.quick else config
 

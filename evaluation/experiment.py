@@ -27,10 +27,13 @@ from evaluation.results import (
     Score,
     deepcandidate_method,
     epsilon_key,
+    vote_method,
 )
 from sentdp.bundle import Bundle
 from sentdp.encoders import SentenceEncoder, recode
-from sentdp.mechanism import sample_from_utilities
+from sentdp.labels import sampler_epsilon
+from sentdp.mechanism import DeepCandidate, sample_from_utilities
+from sentdp.sampling import plan_selection
 from training.classifiers import macro_f1, train_classifier
 from training.corpora import CorpusSpec, load_corpus
 from training.datasets import Corpus, Splits, load_glove, stratified_splits
@@ -54,6 +57,8 @@ class EvalConfig:
     mdp_vocabulary: int = 20_000
     seed: int = 0
     max_test_documents: int | None = None
+    baselines: tuple[str, ...] = ("truncation", "word_mdp")
+    """Private baselines to run (word-level metric DP is the slow one)."""
 
     def quick(self) -> EvalConfig:
         """A small, fast evaluation for tests and smoke runs (same code path)."""
@@ -105,8 +110,11 @@ def run_evaluation(
     run.nonprivate_and_guess()
     for each in bundles:
         run.deepcandidate(each)
-    run.truncation()
-    run.word_mdp()
+    voted = [each for each in _distinct_votes(bundles) if run.sentence_vote(each)]
+    if "truncation" in config.baselines:
+        run.truncation()
+    if "word_mdp" in config.baselines:
+        run.word_mdp()
     return EvaluationResults(
         models={b.manifest.name: b.manifest.recipe for b in bundles},
         corpus=corpus.name,
@@ -114,12 +122,32 @@ def run_evaluation(
         epsilons=config.epsilons,
         trials=config.trials,
         k_epsilon=config.k_epsilon,
-        methods=[deepcandidate_method(b.manifest.name) for b in bundles] + list(BASELINES),
+        methods=[deepcandidate_method(b.manifest.name) for b in bundles]
+        + [vote_method(b.manifest.name) for b in voted]
+        + [m for m in BASELINES if m in config.baselines or m in ("nonprivate", "random_guess")],
         eps_sweep=run.eps_sweep,
         notes=run.notes,
         k_sweep=run.k_sweep(),
         seconds=time.perf_counter() - started,
     )
+
+
+def _distinct_votes(bundles: Sequence[Bundle]) -> list[Bundle]:
+    """The bundles whose SentenceVote differs from every earlier bundle's (recipes trained
+    on the same corpus and seed share one vote: it is scored once)."""
+    distinct: list[Bundle] = []
+    for bundle in bundles:
+        vote = bundle.vote
+        if vote is None:
+            continue
+        if not any(
+            other.vote is not None
+            and np.array_equal(other.vote.weights, vote.weights)
+            and np.array_equal(other.vote.bias, vote.bias)
+            for other in distinct
+        ):
+            distinct.append(bundle)
+    return distinct
 
 
 def _check_same_corpus(bundles: Sequence[Bundle]) -> None:
@@ -211,6 +239,23 @@ class Experiment:
                 predicted.append(labels[np.array(chosen)])
             method = deepcandidate_method(bundle.manifest.name)
             self.score(method, epsilon, self.test, predicted, choice.variant, choice.p)
+
+    def sentence_vote(self, bundle: Bundle) -> bool:
+        """The label mechanism of /classify, scored like DeepCandidate's label (False when
+        the bundle predates it)."""
+        vote = bundle.vote
+        if vote is None:
+            return False
+        deviations = [vote.deviations(self.embeddings.document(i)) for i in self.test]
+        for epsilon in self.config.epsilons:
+            rate = sampler_epsilon(epsilon, vote.classes)
+            plans = [plan_selection(d, rate) for d in deviations]
+            predicted = [
+                DeepCandidate.draw_plans(plans, self.rng(trial, epsilon, 3))
+                for trial in range(self.config.trials)
+            ]
+            self.score(vote_method(bundle.manifest.name), epsilon, self.test, predicted)
+        return True
 
     def truncation(self) -> None:
         emb, splits = self.embeddings, self.splits

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evaluation.results import DEEPCANDIDATE, EvaluationResults, Score, epsilon_key
+from evaluation.results import DEEPCANDIDATE, VOTE, EvaluationResults, Score, epsilon_key
 
 LABELS = {
     "truncation": "Truncation (SentDP)",
@@ -15,6 +15,7 @@ LABELS = {
     "random_guess": "Random guess",
 }
 DEEPCANDIDATE_COLORS = ("tab:blue", "tab:purple", "tab:red", "tab:cyan")
+VOTE_COLORS = ("tab:brown", "tab:pink", "tab:olive")
 STYLES = {
     "truncation": ("tab:orange", "s", "-"),
     "word_mdp": ("tab:green", "^", "-"),
@@ -44,6 +45,8 @@ def label_of(method: str, results: EvaluationResults) -> str:
     if method.startswith(DEEPCANDIDATE):
         name = method.removeprefix(DEEPCANDIDATE)
         return f"DeepCandidate, {results.models[name]} recipe ({name})"
+    if method.startswith(VOTE):
+        return f"SentenceVote label ({method.removeprefix(VOTE)})"
     return LABELS[method]
 
 
@@ -51,6 +54,9 @@ def style_of(method: str, results: EvaluationResults) -> tuple[str, str, str]:
     if method.startswith(DEEPCANDIDATE):
         rank = [m for m in results.methods if m.startswith(DEEPCANDIDATE)].index(method)
         return DEEPCANDIDATE_COLORS[rank % len(DEEPCANDIDATE_COLORS)], "o", "-"
+    if method.startswith(VOTE):
+        rank = [m for m in results.methods if m.startswith(VOTE)].index(method)
+        return VOTE_COLORS[rank % len(VOTE_COLORS)], "D", "-."
     return STYLES[method]
 
 

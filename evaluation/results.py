@@ -21,6 +21,15 @@ def deepcandidate_method(bundle_name: str) -> str:
     return f"{DEEPCANDIDATE}{bundle_name}"
 
 
+VOTE = "sentence_vote:"
+"""Prefix of a SentenceVote method (the label mechanism of /classify); the bundle's name
+follows."""
+
+
+def vote_method(bundle_name: str) -> str:
+    return f"{VOTE}{bundle_name}"
+
+
 def epsilon_key(epsilon: float) -> str:
     """How an epsilon names its column in the JSON: ``1``, ``10``, ``0.5``."""
     return f"{epsilon:g}"

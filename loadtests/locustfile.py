@@ -94,8 +94,10 @@ class ProductBackend(HttpUser):
             ) as response:
                 if response.status_code == 200:
                     data = response.json()
-                    self.released.append((data["model"], data["documents"][0]["candidate"]))
-                    self.released = self.released[-100:]
+                    candidate = data["documents"][0].get("candidate")  # none for a vote label
+                    if candidate is not None:
+                        self.released.append((data["model"], candidate))
+                        self.released = self.released[-100:]
                     response.success()
                 elif response.status_code == 402:
                     exhausted[name] += 1

@@ -16,6 +16,8 @@ Layout (format version 1)::
                                             candidate_class_probs (m, r)
     variants/<name>/recoder.*       H (absent when G' = G)
     variants/<name>/classifier_dc.* C_dc on recoded means (absent for label-tuned variants)
+    label_vote.safetensors          SentenceVote's per-sentence classifier: weights (r, d),
+                                    bias (r,) (absent in bundles that predate it)
 
 Compatibility promise: manifest fields are never removed and never change meaning; new fields
 are optional. A reader refuses a bundle whose ``format_version`` it does not know.
@@ -37,11 +39,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sentdp.encoders import MLP
 from sentdp.errors import InputError
+from sentdp.labels import SentenceVote
 from sentdp.mechanism import DeepCandidate
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MECHANISM_FILE = "mechanism.safetensors"
+VOTE_FILE = "label_vote.safetensors"
 ENCODER_DIR = "encoder"
 VARIANTS_DIR = "variants"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -58,6 +62,11 @@ class PChoice(BaseModel):
     variant: str
     p: int = Field(ge=1)
     validation_macro_f1: float | None = None
+    label: Literal["candidate", "vote"] = "candidate"
+    """Where /classify's label comes from at this epsilon: the released candidate's class
+    (post-processing of /privatize), or SentenceVote (its own release)."""
+    vote_macro_f1: float | None = None
+    """Expected validation macro-F1 of SentenceVote at this epsilon (when the bundle has one)."""
 
 
 class CorpusRecord(BaseModel):
@@ -250,6 +259,8 @@ class Bundle:
     variants: tuple[Variant, ...]
     classifier_nonpriv: MLP | None
     encoder_dir: Path
+    vote: SentenceVote | None = None
+    """The label mechanism's per-sentence classifier (absent in bundles that predate it)."""
 
     def __post_init__(self) -> None:
         if [v.record for v in self.variants] != list(self.manifest.variants):
@@ -257,6 +268,10 @@ class Bundle:
         r = len(self.manifest.corpus.labels)
         if any(v.candidate_class_probs.shape[1] != r for v in self.variants):
             raise InputError("a variant's class table does not match the bundle's labels")
+        if self.vote is not None and self.vote.classes != r:
+            raise InputError("the vote classifier does not match the bundle's labels")
+        if self.vote is None and any(c.label == "vote" for c in self.manifest.p_table):
+            raise InputError("the p table asks for the vote, but the bundle has no vote")
 
     @property
     def labels(self) -> list[str]:
@@ -288,6 +303,13 @@ class Bundle:
             variant.save(directory / VARIANTS_DIR / variant.record.name)
         if self.classifier_nonpriv is not None:
             self.classifier_nonpriv.save(directory, "classifier_nonpriv")
+        if self.vote is not None:
+            from safetensors.numpy import save_file
+
+            arrays = {"weights": self.vote.weights, "bias": self.vote.bias}
+            save_file(
+                {k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(directory / VOTE_FILE)
+            )
         (directory / MANIFEST).write_text(self.manifest.model_dump_json(indent=2))
 
     @classmethod
@@ -309,4 +331,14 @@ class Bundle:
             variants=variants,
             classifier_nonpriv=_optional_mlp(directory, "classifier_nonpriv"),
             encoder_dir=directory / ENCODER_DIR,
+            vote=_optional_vote(directory),
         )
+
+
+def _optional_vote(directory: Path) -> SentenceVote | None:
+    if not (directory / VOTE_FILE).is_file():
+        return None
+    from safetensors.numpy import load_file
+
+    arrays = load_file(str(directory / VOTE_FILE))
+    return SentenceVote(arrays["weights"], arrays["bias"])

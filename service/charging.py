@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from sentdp.accounting import Charge, epsilon_of_charge, to_epsilon
 from sentdp.bundle import Bundle, PChoice
@@ -45,7 +45,14 @@ from service.ledger import (
 from service.logs import log_event, logger
 from service.metrics import metric
 from service.scheduling import TenantLoad
-from service.schemas import DocumentIn, PrivatizeResponse, WorkItem, WorkRequest, WorkResult
+from service.schemas import (
+    DocumentIn,
+    PrivateDocument,
+    PrivatizeResponse,
+    WorkItem,
+    WorkRequest,
+    WorkResult,
+)
 from service.tenants import Tenant
 from service.validation import (
     Limits,
@@ -55,9 +62,16 @@ from service.validation import (
     finite_epsilon,
     request_sentences,
 )
-from service.views import budget_view, exhausted_error, private_document, refunded_error
+from service.views import (
+    budget_view,
+    exhausted_error,
+    private_document,
+    refunded_error,
+    voted_document,
+)
 
 MECHANISM = "deepcandidate"
+VOTE_MECHANISM = "sentence-vote"
 
 
 class WorkerNotRunError(Exception):
@@ -122,10 +136,14 @@ class Admission:
     cost: int
     """Padded tokens the worker will encode: what the request weighs against its tenant."""
     document_ids: tuple[str, ...] = ()
+    release: Literal["candidate", "vote"] = "candidate"
+    """What the worker draws: /classify at an epsilon whose label comes from SentenceVote
+    draws the vote (the label alone); everything else draws a DeepCandidate candidate."""
 
     @property
     def charge(self) -> Charge:
-        return Charge(MECHANISM, self.micro, len(self.sentences), self.document_ids)
+        mechanism = VOTE_MECHANISM if self.release == "vote" else MECHANISM
+        return Charge(mechanism, self.micro, len(self.sentences), self.document_ids)
 
 
 class Charging:
@@ -213,8 +231,12 @@ class Charging:
             request.documents,
         )
         ids = document_ids(request.documents, request.tenant.composition)
-        tokens = check_cost(sum(self.cost([s for doc in sentences for s in doc])), self.limits)
-        return Admission(choice, micro, sentences, key, tokens, ids)
+        distinct = list(dict.fromkeys(s for doc in sentences for s in doc))  # encoded once each
+        tokens = check_cost(sum(self.cost(distinct)), self.limits)
+        release: Literal["candidate", "vote"] = (
+            "vote" if request.with_labels and choice.label == "vote" else "candidate"
+        )
+        return Admission(choice, micro, sentences, key, tokens, ids, release)
 
     # --- reserve -------------------------------------------------------------------------
     async def reserve(self, request: ChargedRequest, admission: Admission) -> Reservation | Replay:
@@ -272,6 +294,7 @@ class Charging:
                 sentences=sentences,
                 epsilon=epsilon_of_charge(admission.micro),
                 p=admission.choice.p,
+                release=admission.release,
             )
             for charge_id, sentences in zip(reserved.charge_ids, admission.sentences, strict=True)
         ]
@@ -340,14 +363,7 @@ class Charging:
         results: list[WorkResult],
     ) -> Reply:
         released = [
-            private_document(
-                self.bundle,
-                int(result.candidate if result.candidate is not None else -1),
-                len(sentences),
-                to_epsilon(admission.micro),
-                admission.choice.p,
-                request.with_labels,
-            )
+            self._released(request, admission, result, len(sentences))
             for result, sentences in zip(results, admission.sentences, strict=True)
             if result.sampled
         ]
@@ -358,6 +374,19 @@ class Charging:
         budget = budget_view(reserved.account, request.tenant.policy)
         response = PrivatizeResponse(model=self.version, documents=released, budget=budget)
         return Reply(200, json.dumps(response.model_dump(mode="json", exclude_none=True)))
+
+    def _released(
+        self, request: ChargedRequest, admission: Admission, result: WorkResult, k: int
+    ) -> PrivateDocument:
+        epsilon = to_epsilon(admission.micro)
+        if admission.release == "vote":
+            return voted_document(
+                self.bundle, int(result.label if result.label is not None else -1), k, epsilon
+            )
+        candidate = int(result.candidate if result.candidate is not None else -1)
+        return private_document(
+            self.bundle, candidate, k, epsilon, admission.choice.p, request.with_labels
+        )
 
     async def _settle(
         self,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -122,20 +122,28 @@ class Budget(BaseModel):
 
 
 class PrivateDocument(BaseModel):
-    """One released, epsilon-SentDP embedding: a public candidate chosen by the mechanism."""
+    """One released, epsilon-SentDP result. From /privatize, and from /classify where the
+    bundle takes the label from the candidate: a public candidate chosen by DeepCandidate (its
+    embedding, and its class as post-processing). From /classify where the bundle takes the
+    label from SentenceVote: the label alone (``label_mechanism`` says which)."""
 
-    embedding: list[float]
-    candidate: int
+    embedding: list[float] | None = None
+    candidate: int | None = None
     """Global candidate id in the model (see /classify lookups)."""
-    variant: str
+    variant: str | None = None
     """The bundle's mechanism variant that produced it (chosen by epsilon)."""
     k: int
     """Number of sentences the document was split into (public)."""
     epsilon: float
     """Epsilon charged for this document."""
-    p: int
+    p: int | None = None
     label: str | None = None
     probabilities: dict[str, float] | None = None
+    """The released candidate's class probabilities (public: a property of the candidate)."""
+    label_mechanism: Literal["candidate", "sentence-vote"] | None = None
+    """/classify: "candidate" (the label is the released candidate's class) or
+    "sentence-vote" (the label was drawn by SentenceVote; no embedding is released: ask
+    /privatize for one, a separate charge)."""
 
 
 class PrivatizeResponse(BaseModel):
@@ -168,6 +176,8 @@ class WorkItem(BaseModel):
     sentences: list[str]
     epsilon: float
     p: int
+    release: Literal["candidate", "vote"] = "candidate"
+    """What to draw: a DeepCandidate candidate, or a SentenceVote label."""
 
 
 class WorkRequest(BaseModel):
@@ -190,6 +200,8 @@ class WorkResult(BaseModel):
 
     candidate: int | None = None
     """Global candidate id (the variant's offset plus its index in the variant)."""
+    label: int | None = None
+    """Class index drawn by SentenceVote (for a ``vote`` item)."""
     sampled: bool
     error: str | None = None
 

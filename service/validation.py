@@ -25,8 +25,8 @@ class Limits:
     max_request_sentences: int = 1000
     """Sentences of all documents of one request."""
     max_request_tokens: int = 40_000
-    """Encoding cost of one request in padded tokens (about 7 s on 2 CPU cores): the largest
-    request must finish well within the worker's timeout."""
+    """Encoding cost of one request in padded tokens of its distinct sentences (about 7 s on
+    2 CPU cores): the largest request must finish well within the worker's timeout."""
     tenant_inflight_tokens: int = 40_000
     """Padded tokens one tenant may have in flight in this gateway process; more is refused
     with 429 before anything is charged."""

@@ -10,6 +10,7 @@ import math
 
 from sentdp.accounting import PER_DOCUMENT, PURE, Policy, to_epsilon
 from sentdp.bundle import Bundle
+from sentdp.errors import InternalError
 from service.errors import ApiError, Code
 from service.ledger import Account, BudgetExhaustedError
 from service.schemas import Budget, CandidateLabel, PrivateDocument
@@ -101,7 +102,18 @@ def private_document(
         label = label_of(bundle, candidate)
         document.label = label.label
         document.probabilities = label.probabilities
+        document.label_mechanism = "candidate"
     return document
+
+
+def voted_document(bundle: Bundle, label: int, k: int, epsilon: float) -> PrivateDocument:
+    """A label released by SentenceVote: the label only (never the vote tallies, which are
+    computed from the private sentences)."""
+    if not 0 <= label < len(bundle.labels):
+        raise InternalError(f"the worker drew label {label} of {len(bundle.labels)}")
+    return PrivateDocument(
+        k=k, epsilon=epsilon, label=bundle.labels[label], label_mechanism="sentence-vote"
+    )
 
 
 def refunded_error(released: list[PrivateDocument], documents: int, reason: str) -> ApiError:

@@ -1,4 +1,5 @@
-"""The batched worker: encodes sentences and runs DeepCandidate for a whole adaptive batch.
+"""The batched worker: encodes sentences and runs DeepCandidate (or, for /classify at an
+epsilon whose label comes from it, SentenceVote) for a whole adaptive batch.
 
 A batch holds whole requests (:class:`~service.schemas.WorkRequest`) of different users, k,
 epsilon and p; BentoML never splits one. One computation runs at a time, tenants taking turns
@@ -154,7 +155,7 @@ class Worker:
                 else:
                     live.append((r, i, item))
         metric("batch_documents").observe(len(live))
-        plans = self._plans([item for _, _, item in live])
+        plans = self._plans([item for _, _, item in live], [requests[r].tenant for r, _, _ in live])
         ready = [(r, i, item, plan) for (r, i, item), plan in zip(live, plans, strict=True)]
         for r, i, _, plan in ready:
             if isinstance(plan, str):
@@ -166,49 +167,77 @@ class Worker:
             chosen = DeepCandidate.draw_plans([plan for *_, plan in ready])
             self._inject_fault([item for _, _, item, _ in ready], "after")
             for (r, i, item, _), local in zip(ready, chosen, strict=True):
+                if item.release == "vote":
+                    replies[r][i] = WorkResult(label=int(local), sampled=True)
+                    continue
                 offset = self.variants[item.variant].record.offset
                 replies[r][i] = WorkResult(candidate=offset + int(local), sampled=True)
         metric("worker_seconds").labels("total").observe(time.perf_counter() - started)
         return [WorkReply(results=results) for results in replies]
 
-    def _plans(self, items: list[WorkItem]) -> list[Any]:
+    def _plans(self, items: list[WorkItem], tenants: list[str]) -> list[Any]:
         """A selection plan per item, or the reason it has none: all the work that draws no
         randomness. Done for the whole batch at once; if that fails, item by item, so that
         one item's failure never keeps the others from running."""
         if not items:
             return []
         try:
-            return self._plan_together(items)
+            return self._plan_together(items, tenants)
         except Exception:
             logs.logger.exception("planning a batch failed; planning its items one by one")
         plans: list[Any] = []
-        for item in items:
+        for item, tenant in zip(items, tenants, strict=True):
             try:
-                plans.extend(self._plan_together([item]))
+                plans.extend(self._plan_together([item], [tenant]))
             except Exception as error:
                 plans.append(f"{type(error).__name__} before sampling")
         return plans
 
-    def _plan_together(self, items: list[WorkItem]) -> list[Any]:
-        """Encode once with G, recode and plan each item in its variant, in item order."""
+    def _plan_together(self, items: list[WorkItem], tenants: list[str]) -> list[Any]:
+        """Encode once with G; plan each vote item with SentenceVote (on G) and each
+        candidate item in its variant (recoded), in item order."""
         from sentdp.encoders import recode
 
         self._inject_fault(items, "before")
-        sentences = [s for item in items for s in item.sentences]
-        metric("batch_sentences").observe(len(sentences))
-        encoded = self.encoder.encode(sentences)
+        encoded = self._encode_distinct(items, tenants)
         bounds = np.cumsum([0] + [len(item.sentences) for item in items])
+        documents = [encoded[bounds[n] : bounds[n + 1]] for n in range(len(items))]
         plans: list[Any] = [None] * len(items)
-        for name in sorted({item.variant for item in items}):
-            members = [n for n, item in enumerate(items) if item.variant == name]
-            recoder = self.variants[name].recoder
-            documents = [recode(recoder, encoded[bounds[n] : bounds[n + 1]]) for n in members]
-            planned = self.mechanisms[name].plan_batch(
-                documents, [items[n].epsilon for n in members], [items[n].p for n in members]
-            )
+        groups: dict[str, list[int]] = {}
+        for n, item in enumerate(items):
+            groups.setdefault("" if item.release == "vote" else item.variant, []).append(n)
+        for name, members in sorted(groups.items()):
+            epsilons = [items[n].epsilon for n in members]
+            if not name:
+                if self.bundle.vote is None:
+                    raise RuntimeError("this bundle has no SentenceVote")
+                planned = self.bundle.vote.plan_batch([documents[n] for n in members], epsilons)
+            else:
+                recoder = self.variants[name].recoder
+                planned = self.mechanisms[name].plan_batch(
+                    [recode(recoder, documents[n]) for n in members],
+                    epsilons,
+                    [items[n].p for n in members],
+                )
             for n, plan in zip(members, planned, strict=True):
                 plans[n] = plan
         return plans
+
+    def _encode_distinct(self, items: list[WorkItem], tenants: list[str]) -> np.ndarray:
+        """Every item's sentence embeddings, in order, encoding each distinct sentence of a
+        tenant once. An embedding depends on its sentence alone (the batch-invariant encoder),
+        so this changes no bit of any output; it is done per tenant so that one tenant's
+        latency never tells whether another tenant sent the same sentence."""
+        slots: dict[tuple[str, str], int] = {}
+        order = [
+            slots.setdefault((tenant, sentence), len(slots))
+            for item, tenant in zip(items, tenants, strict=True)
+            for sentence in item.sentences
+        ]
+        metric("batch_sentences").observe(len(order))
+        metric("batch_distinct_sentences").observe(len(slots))
+        encoded = self.encoder.encode([sentence for _, sentence in slots])
+        return encoded[np.asarray(order, dtype=np.int64)]
 
     def _inject_fault(self, items: list[WorkItem], stage: str) -> None:
         if self.fault_marker and any(

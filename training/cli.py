@@ -117,6 +117,15 @@ def print_report(report: TrainReport, console: Console) -> None:
             str(choice.p),
             f"{choice.validation_macro_f1:.3f}",
         )
+    for choice in report.bundle.manifest.p_table:
+        if choice.vote_macro_f1 is not None:
+            table.add_row(
+                "SentenceVote label (expected)",
+                f"{choice.epsilon:g}",
+                "/classify" if choice.label == "vote" else "-",
+                "-",
+                f"{choice.vote_macro_f1:.3f}",
+            )
     console.print(table)
     other = report.seconds_total - report.seconds_encoding
     share = report.seconds_encoding / report.seconds_total if report.seconds_total else 0.0

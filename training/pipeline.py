@@ -20,6 +20,7 @@ from training.classifiers import train_classifier
 from training.corpora import CorpusSpec, load_corpus
 from training.datasets import Corpus, Splits, stratified_splits
 from training.embeddings import CorpusEmbeddings, embed_corpus
+from training.label_vote import train_vote, with_label_choice
 from training.nets import seed_everything
 from training.p_selection import DEFAULT_EPSILONS, DEFAULT_PS, Option, choose_p
 from training.settings import TrainingSettings
@@ -202,12 +203,22 @@ def build_bundle(
     specs = specs_for(config.recipe, config.label_dims or default_label_dims(data.n_classes))
     variants, variant_scores = train_variants(specs, data, console)
     p_table, grid = choose_ps(specs, variants, data, config)
+    vote = train_vote(
+        data.embeddings, data.y, data.train, data.validation, config.epsilons, config.seed
+    )
+    p_table = with_label_choice(p_table, vote)
+    console.print(
+        f"SentenceVote: C={vote.regularisation:g}, expected validation macro-F1 "
+        + ", ".join(f"ε={e} {f:.3f}" for e, f in vote.validation_macro_f1.items())
+    )
     scores: dict[str, Any] = {
         "validation_macro_f1": {
             "nonprivate": c_nonpriv.validation_macro_f1,
             "deepcandidate": {f"{c.epsilon:g}": c.validation_macro_f1 for c in p_table},
         },
         "choice_by_epsilon": {f"{c.epsilon:g}": f"{c.variant} p={c.p}" for c in p_table},
+        "label_by_epsilon": {f"{c.epsilon:g}": c.label for c in p_table},
+        "vote": {"regularisation": vote.regularisation, **vote.validation_macro_f1},
         "variants": variant_scores,
         "validation_grid": grid,
     }
@@ -219,6 +230,7 @@ def build_bundle(
         variants=tuple(variants),
         classifier_nonpriv=c_nonpriv.classifier,
         encoder_dir=encoder.path,
+        vote=vote.vote,
     )
     return bundle, scores
 

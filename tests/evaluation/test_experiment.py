@@ -32,7 +32,8 @@ def test_quick_evaluation_writes_tables_plots_and_json(
     stored = json.loads((tmp_path / "results.json").read_text())
     assert stored["test_documents"] == 20
     key = f"deepcandidate:{bundle.manifest.name}"
-    assert stored["methods"] == [key, "truncation", "word_mdp", "nonprivate", "random_guess"]
+    vote = f"sentence_vote:{bundle.manifest.name}"
+    assert stored["methods"] == [key, vote, "truncation", "word_mdp", "nonprivate", "random_guess"]
     for method in stored["methods"]:
         for epsilon in ("1", "10"):
             entry = stored["eps_sweep"][method][epsilon]
@@ -45,5 +46,6 @@ def test_quick_evaluation_writes_tables_plots_and_json(
     report = (tmp_path / "report.md").read_text()
     assert "## epsilon sweep" in report
     assert "| DeepCandidate, paper recipe (sentdp-test) |" in report
+    assert "| SentenceVote label (sentdp-test) |" in report
     assert "![k sweep](k_sweep.png)" in report
     assert "sentdp-eval --model x --quick" in report

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from sentdp.bundle import Bundle, BundleManifest, CorpusRecord, PChoice, Variant, VariantRecord
+from sentdp.labels import SentenceVote
 from sentdp.mechanism import DeepCandidate
 from service.charging import WorkerNotRunError, WorkerOutcomeUnknownError
 from service.errors import Code
@@ -26,8 +27,13 @@ LABELS = ["business", "sport", "tech"]
 
 
 def tiny_bundle(
-    m: int = 40, p_max: int = 6, seed: int = 0, encoder_dir: Path = Path("/nonexistent")
+    m: int = 40,
+    p_max: int = 6,
+    seed: int = 0,
+    encoder_dir: Path = Path("/nonexistent"),
+    vote: bool = False,
 ) -> Bundle:
+    """Two variants; with ``vote``, a SentenceVote that /classify uses at epsilon 1 (below 5)."""
     rng = np.random.default_rng(seed)
     records = [
         VariantRecord(
@@ -70,11 +76,12 @@ def tiny_bundle(
         splitter={"name": "test"},
         variants=records,
         p_table=[
-            PChoice(epsilon=1.0, variant="label-8d", p=3),
+            PChoice(epsilon=1.0, variant="label-8d", p=3, label="vote" if vote else "candidate"),
             PChoice(epsilon=5.0, variant="paper", p=6),
         ],
     )
-    return Bundle(manifest, variants, None, encoder_dir)
+    voter = SentenceVote(rng.normal(size=(len(LABELS), DIM)), rng.normal(size=len(LABELS)))
+    return Bundle(manifest, variants, None, encoder_dir, voter if vote else None)
 
 
 def embed(sentence: str) -> np.ndarray:
@@ -110,9 +117,17 @@ class FakeWorker:
             if self.mode == "partial" and n == 0:
                 results.append(WorkResult(sampled=False, error="ValueError before sampling"))
                 continue
+            sentences = np.stack([embed(s) for s in item.sentences])
+            if item.release == "vote":
+                assert self.bundle.vote is not None
+                plan = self.bundle.vote.plan_batch([sentences], [item.epsilon])
+                self.journal.append(item.charge_id)
+                results.append(
+                    WorkResult(label=int(DeepCandidate.draw_plans(plan)[0]), sampled=True)
+                )
+                continue
             variant = self.bundle.variant(item.variant)
             mechanism = DeepCandidate(variant.candidates, variant.directions)
-            sentences = np.stack([embed(s) for s in item.sentences])
             plan = mechanism.plan_batch([sentences], [item.epsilon], [item.p])
             self.journal.append(item.charge_id)
             local = int(DeepCandidate.draw_plans(plan)[0])

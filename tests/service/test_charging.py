@@ -20,7 +20,7 @@ from service.schemas import DocumentIn
 from service.tenants import Tenant
 from service.validation import Limits
 from service.views import label_of
-from tests.service.fakes import FakeWorker, tiny_bundle
+from tests.service.fakes import DIM, FakeWorker, embed, tiny_bundle
 
 BUNDLE = tiny_bundle()
 VERSION = "sentdp-unit:v1"
@@ -118,6 +118,59 @@ def test_classify_adds_the_label_of_the_released_candidate(ledger: SqlLedger) ->
         expected.label,
         expected.probabilities,
     )
+
+
+def test_classify_draws_the_vote_where_the_bundle_says_so_and_releases_the_label_only(
+    ledger: SqlLedger,
+) -> None:
+    bundle = tiny_bundle(vote=True)
+    worker = FakeWorker(bundle)
+    flow = Charging(
+        bundle, VERSION, ledger, worker, charging(ledger, worker).limits, BodySigner(b"k" * 32)
+    )
+    two = [{"text": TEXT}, {"sentences": ["One.", "Two."]}]
+    reply, body = run(flow, request(epsilon=1.0, with_labels=True, documents=two))
+    assert reply.status == 200, body
+    for document in body["documents"]:
+        assert document["label_mechanism"] == "sentence-vote"
+        assert document["label"] in bundle.labels
+        # nothing computed from the private sentences but the drawn label
+        assert set(document) == {"label", "label_mechanism", "k", "epsilon"}
+    assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
+    reply, body = run(flow, request(user="bob", epsilon=5.0, with_labels=True))
+    (document,) = body["documents"]
+    assert document["label_mechanism"] == "candidate"
+    assert len(document["embedding"]) == DIM
+    reply, body = run(flow, request(user="carol", epsilon=1.0))  # /privatize: the candidate
+    assert "embedding" in body["documents"][0]
+    assert "label_mechanism" not in body["documents"][0]
+
+
+def test_the_vote_of_a_request_follows_its_exact_distribution(ledger: SqlLedger) -> None:
+    from scipy.stats import chisquare
+
+    from sentdp.labels import vote_log_probs
+
+    bundle = tiny_bundle(vote=True)
+    worker = FakeWorker(bundle)
+    flow = Charging(
+        bundle, VERSION, ledger, worker, charging(ledger, worker).limits, BodySigner(b"k" * 32)
+    )
+    sentences = ["Shares fell.", "The match was won.", "A new phone."]
+    counts = dict.fromkeys(bundle.labels, 0)
+    for n in range(400):
+        documents = [{"sentences": sentences}] * 4
+        _, body = run(
+            flow, request(user=f"u{n}", epsilon=1.0, with_labels=True, documents=documents)
+        )
+        for document in body["documents"]:
+            counts[document["label"]] += 1
+    assert bundle.vote is not None
+    exact = np.exp(
+        vote_log_probs(bundle.vote.deviations(np.stack([embed(s) for s in sentences])), 1.0)
+    )
+    observed = [counts[label] for label in bundle.labels]
+    assert chisquare(observed, exact * sum(observed)).pvalue > 1e-3
 
 
 def test_an_unaffordable_request_is_refused_whole_with_the_figures(ledger: SqlLedger) -> None:
@@ -350,10 +403,12 @@ def test_the_encoding_cost_bounds_a_request_and_a_tenants_work(ledger: SqlLedger
     flow = Charging(
         BUNDLE, VERSION, ledger, FakeWorker(BUNDLE), limits, BodySigner(b"k" * 32), padded
     )
-    long = "x" * 150 + "."
-    ok, _ = run(flow, request(documents=[{"sentences": [long, long, "short."]}]))  # 528
-    big, body = run(flow, request(documents=[{"sentences": [long, long, long]}]))  # 768
-    assert (ok.status, big.status) == (200, 413)
+    long = ["x" * 150 + ".", "y" * 150 + ".", "z" * 150 + "."]
+    ok, _ = run(flow, request(documents=[{"sentences": [*long[:2], "short."]}]))  # 528
+    big, body = run(flow, request(documents=[{"sentences": long}]))  # 768
+    repeated = [{"sentences": [long[0], "short."]}] * 4  # encoded once: 272, not 1,088
+    again, _ = run(flow, request(documents=repeated))
+    assert (ok.status, big.status, again.status) == (200, 413, 200)
     assert body["error"]["code"] == "request_too_large"
     assert "768 padded tokens" in body["error"]["message"]
-    assert len(ledger.charges()) == 1
+    assert len(ledger.charges()) == 5  # one per document of the two admitted requests

@@ -79,26 +79,38 @@ def test_presplit_sentences_and_several_documents(server) -> None:
     assert response.json()["budget"]["spent_epsilon"] == 3.0
 
 
-def test_classify_labels_the_released_candidate_and_lookup_is_free(server, bundle) -> None:
+def _classify(server, user: str, epsilon: float):  # type: ignore[no-untyped-def]
     with client(server, ACME.key) as http:
-        classified = http.post(
-            "/classify", json={"user": "c-user", "epsilon": 3.0, "documents": [{"text": TEXT}]}
+        return http.post(
+            "/classify", json={"user": user, "epsilon": epsilon, "documents": [{"text": TEXT}]}
         )
+
+
+def test_classify_labels_as_the_bundle_s_table_says_and_lookup_is_free(server, bundle) -> None:
+    for choice in bundle.manifest.p_table:
+        classified = _classify(server, f"c-user-{choice.epsilon:g}", choice.epsilon)
         assert classified.status_code == 200, classified.text
         (document,) = classified.json()["documents"]
+        assert classified.json()["budget"]["spent_epsilon"] == choice.epsilon
+        if choice.label == "vote":
+            assert document["label_mechanism"] == "sentence-vote"
+            assert document["label"] in bundle.labels
+            assert set(document) == {"label", "label_mechanism", "k", "epsilon"}
+            continue
+        assert document["label_mechanism"] == "candidate"
         variant, local = bundle.locate(document["candidate"])
         probabilities = variant.candidate_class_probs[local]
         assert document["label"] == bundle.labels[int(probabilities.argmax())]
         assert math.isclose(sum(document["probabilities"].values()), 1.0, rel_tol=1e-9)
-        assert classified.json()["budget"]["spent_epsilon"] == 3.0
-        lookup = http.post(
-            "/classify",
-            json={"model": server.env["SENTDP_MODEL"], "candidates": [document["candidate"], 0]},
-        )
-        assert lookup.status_code == 200, lookup.text
-        assert lookup.json()["labels"][0]["label"] == document["label"]
-        budget = http.post("/budget", json={"user": "c-user"}).json()
-    assert budget["spent_epsilon"] == 3.0  # the lookup cost nothing
+        with client(server, ACME.key) as http:
+            lookup = http.post(
+                "/classify",
+                json={"model": server.env["SENTDP_MODEL"], "candidates": [document["candidate"]]},
+            )
+            assert lookup.status_code == 200, lookup.text
+            assert lookup.json()["labels"][0]["label"] == document["label"]
+            budget = http.post("/budget", json={"user": f"c-user-{choice.epsilon:g}"}).json()
+        assert budget["spent_epsilon"] == choice.epsilon  # the lookup cost nothing
 
 
 def test_budget_endpoint_reports_group_cost(server) -> None:
@@ -319,6 +331,33 @@ def test_metrics_need_the_metrics_token_and_openapi_is_served(server) -> None:
     ):
         assert name in metrics, name
     assert {"/privatize", "/classify", "/budget"} <= set(spec["paths"])
+
+
+def _metric_sum(server, name: str) -> float:  # type: ignore[no-untyped-def]
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with client(server, METRICS_TOKEN) as http:
+        text = http.get("/metrics").text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+def test_a_tenant_s_repeated_sentences_are_encoded_once(server) -> None:
+    names = ("sentdp_worker_batch_sentences_sum", "sentdp_worker_batch_distinct_sentences_sum")
+    before = [_metric_sum(server, name) for name in names]
+    document = {"sentences": ["Rates rose again on Monday.", "Markets fell."]}
+    with client(server, ACME.key) as http:
+        response = http.post(
+            "/privatize", json={"user": "dedup", "epsilon": 1.0, "documents": [document] * 4}
+        )
+    assert response.status_code == 200, response.text
+    assert len(response.json()["documents"]) == 4
+    after = [_metric_sum(server, name) for name in names]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [8, 2]
 
 
 @pytest.mark.parametrize(
