@@ -5,11 +5,24 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import time
 from pathlib import Path
 
+import httpx
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-from evaluation.audit import ExactLoss, adversarial_pairs, audit_pair, http_sampler, write_report
+from evaluation.audit import (
+    ExactLoss,
+    Pair,
+    PairResult,
+    RunInfo,
+    adversarial_pairs,
+    audit_pair,
+    http_sampler,
+    text_pairs,
+    write_report,
+)
 from sentdp.encoders import SentenceEncoder
 from training.datasets import bbc_news_texts
 from training.settings import load_settings
@@ -22,11 +35,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--key-file", type=Path, required=True, help="the audit tenant's API key")
     parser.add_argument("--model", required=True, help="the bundle tag the deployment serves")
     parser.add_argument("--epsilon", type=float, nargs="+", default=[1.0, 3.0])
-    parser.add_argument("--samples", type=int, default=2000, help="samples per side of a pair")
-    parser.add_argument("--pairs", type=int, default=5, help="adversarial pairs from public text")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        nargs="+",
+        default=[8000, 2000],
+        help="samples per side of a pair: one number, or one per --epsilon",
+    )
+    parser.add_argument("--pairs", type=int, default=5, help="adversarial sentence pairs")
+    parser.add_argument("--text-pairs", type=int, default=2, help="adversarial raw-text pairs")
+    parser.add_argument(
+        "--label-pairs", type=int, default=2, help="adversarial pairs for /classify's label"
+    )
     parser.add_argument("--batch", type=int, default=16, help="documents per request")
-    parser.add_argument("--out", type=Path, default=Path("reports/audit"))
-    return parser.parse_args(argv)
+    parser.add_argument("--concurrency", type=int, default=16, help="requests in flight")
+    parser.add_argument(
+        "--deployment", default="", help="what is audited, for the report (e.g. 'SQLite, CPU')"
+    )
+    parser.add_argument("--out", type=Path, default=Path("audit-report"))
+    args = parser.parse_args(argv)
+    if len(args.samples) == 1:
+        args.samples *= len(args.epsilon)
+    if len(args.samples) != len(args.epsilon):
+        parser.error("give one --samples, or one per --epsilon")
+    for name, value in (("samples", min(args.samples)), ("batch", args.batch)):
+        if value < 1:
+            parser.error(f"--{name} must be at least 1")
+    if args.concurrency < 1:
+        parser.error("--concurrency must be at least 1")
+    if not args.key_file.is_file():
+        parser.error(f"no key file at {args.key_file}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,20 +75,82 @@ def main(argv: list[str] | None = None) -> None:
     bundle = load_from_store(args.model)
     loss = ExactLoss(bundle, SentenceEncoder(bundle.encoder_dir, settings.device))
     texts = [text for _, _, text in bbc_news_texts(settings.cache_dir)]
-    sampler = http_sampler(args.url, args.key_file.read_text().strip(), args.batch)
-    results = []
-    for epsilon in args.epsilon:
-        for pair in adversarial_pairs(texts, loss, epsilon, args.pairs):
-            result = audit_pair(pair, epsilon, args.samples, sampler, loss)
-            console.print(
-                f"ε={epsilon:g} {pair.name}: exact {result.exact_epsilon:.3f}, "
-                f"lower bound {result.lower_bound:.3f}{' FLAGGED' if result.flagged else ''}"
+    plan: list[tuple[float, int, Pair]] = []
+    for epsilon, samples in zip(args.epsilon, args.samples, strict=True):
+        pairs = adversarial_pairs(texts, loss, epsilon, args.pairs)
+        pairs += text_pairs(texts, loss, epsilon, args.text_pairs)
+        if args.label_pairs:
+            labelled = adversarial_pairs(
+                texts, loss, epsilon, args.label_pairs, endpoint="classify"
             )
-            results.append(result)
-    write_report(results, args.out, shlex.join(["sentdp-audit", *(argv or sys.argv[1:])]))
+            pairs += labelled[: args.label_pairs]
+        plan += [(epsilon, samples, pair) for pair in pairs]
+    started = time.perf_counter()
+    try:
+        results = _run(args, plan, loss, console)
+    except httpx.HTTPStatusError as error:
+        console.print(f"sentdp-audit: the deployment refused a request: {_reason(error.response)}")
+        sys.exit(2)
+    except httpx.TransportError as error:
+        console.print(f"sentdp-audit: cannot reach {args.url}: {error}")
+        sys.exit(2)
+    run = RunInfo(
+        command=shlex.join(["sentdp-audit", *(sys.argv[1:] if argv is None else argv)]),
+        deployment=args.deployment or args.url,
+        seconds=round(time.perf_counter() - started, 1),
+        documents=sum(2 * samples for _, samples, _ in plan),
+    )
+    write_report(results, args.out, run)
     console.print(f"report: {args.out / 'audit.md'}")
+    if any(r.misfit for r in results):
+        console.print(
+            "warning: some outcomes do not follow the bundle's exact distribution (MISFIT): "
+            "the deployment does not serve --model as the bundle defines it"
+        )
     if any(r.flagged for r in results):
         sys.exit(1)
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        error = response.json()["error"]
+        return f"HTTP {response.status_code} {error['code']}: {error['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}"
+
+
+def _run(
+    args: argparse.Namespace,
+    plan: list[tuple[float, int, Pair]],
+    loss: ExactLoss,
+    console: Console,
+) -> list[PairResult]:
+    results: list[PairResult] = []
+    columns = (*Progress.get_default_columns()[:2], BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeRemainingColumn(), console=console) as progress:
+        total = sum(2 * samples for _, samples, _ in plan)
+        task = progress.add_task("privatizing", total=total)
+        key = args.key_file.read_text().strip()
+        samplers = {
+            endpoint: http_sampler(
+                args.url,
+                key,
+                args.batch,
+                args.concurrency,
+                lambda n: progress.advance(task, n),
+                labels,
+            )
+            for endpoint, labels in (("privatize", None), ("classify", loss.bundle.labels))
+        }
+        for epsilon, samples, pair in plan:
+            result = audit_pair(pair, epsilon, samples, samplers[pair.endpoint], loss)
+            progress.console.print(
+                f"ε={epsilon:g} {pair.name}: exact {result.exact_epsilon:.3f}, "
+                f"lower bound {result.lower_bound:.3f}, fit p {result.fit_pvalue:.3g}"
+                f"{' FLAGGED' if result.flagged else ''}{' MISFIT' if result.misfit else ''}"
+            )
+            results.append(result)
+    return results
 
 
 if __name__ == "__main__":

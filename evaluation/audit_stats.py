@@ -113,3 +113,39 @@ def _split_bound(outcomes_d: Sequence[int], outcomes_d2: Sequence[int], confiden
         if bound > best.epsilon_lower:
             best = Bound(bound, tuple(sorted(event)), name, best.samples)
     return best
+
+
+def fit_pvalue(
+    outcomes: Sequence[int], probabilities: Sequence[float], minimum: float = 5.0
+) -> float:
+    """Chi-square p-value of ``outcomes`` (indices) against the exact ``probabilities``.
+
+    Outcomes are grouped, in order of probability, into cells that each expect at least
+    ``minimum`` draws, so the test is valid for thousands of rarely drawn candidates. A tiny
+    p-value says the deployment does not draw from the distribution the bundle defines (a
+    different model, a broken mechanism), whether or not that breaks the privacy bound.
+    """
+    import numpy as np
+    from scipy.stats import chisquare
+
+    p = np.asarray(probabilities, dtype=np.float64)
+    n = len(outcomes)
+    order = np.argsort(-p, kind="stable")
+    cell_of = np.empty(len(p), dtype=np.int64)
+    cells: list[float] = []
+    running = 0.0
+    for index in order:
+        if not cells or running >= minimum:
+            cells.append(0.0)
+            running = 0.0
+        cell_of[index] = len(cells) - 1
+        cells[-1] += p[index] * n
+        running += p[index] * n
+    if len(cells) > 1 and cells[-1] < minimum:  # fold an underfilled tail into its neighbour
+        cell_of[cell_of == len(cells) - 1] = len(cells) - 2
+        cells[-2] += cells.pop()
+    if len(cells) < 2:
+        return 1.0
+    observed = np.bincount(cell_of[np.asarray(outcomes, dtype=np.int64)], minlength=len(cells))
+    expected = np.asarray(cells) * n / sum(cells)
+    return float(chisquare(observed, expected).pvalue)

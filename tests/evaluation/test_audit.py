@@ -1,18 +1,37 @@
-"""The audit on real bundles: honest mechanisms pass, broken ones are flagged; a live run."""
+"""The audit on real bundles: honest services pass, broken ones are flagged.
+
+Mutants run two ways: in this process (fast, exact control over the mechanism), and as real
+``bentoml serve`` servers whose code is broken by ``tests/mutants/sitecustomize.py``, audited
+over HTTP exactly as ``sentdp-audit`` audits a deployment.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from evaluation.audit import ExactLoss, adversarial_pairs, audit_pair, http_sampler, write_report
+from evaluation.audit import (
+    ABBREVIATED,
+    Document,
+    ExactLoss,
+    RunInfo,
+    adversarial_pairs,
+    audit_pair,
+    http_sampler,
+    text_pairs,
+    write_report,
+)
 from sentdp.accounting import charge_for, epsilon_of_charge
 from sentdp.encoders import recode
+from sentdp.text import SentenceSplitter, TextLimits, split_document
+from tests.support import TENANTS, Server, write_tenants
 
 pytestmark = pytest.mark.slow
+MUTANTS = Path(__file__).resolve().parent.parent / "mutants"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +53,12 @@ def in_process(loss: ExactLoss, scale: float = 1.0, cached: bool = False):  # ty
     ``scale`` multiplies epsilon (sensitivity mis-scaled), ``cached`` returns one fixed
     output per document (a content cache)."""
 
-    def sample(sentences: list[str], epsilon: float, n: int) -> list[int]:
+    def sample(document: Document, epsilon: float, n: int) -> list[int]:
+        sentences = (
+            split_document(document, SentenceSplitter(), TextLimits())
+            if isinstance(document, str)
+            else document
+        )
         bundle = loss.bundle
         choice = bundle.manifest.choice_for(epsilon)
         variant = bundle.variant(choice.variant)
@@ -68,18 +92,114 @@ def test_honest_mechanisms_pass_and_mutants_are_flagged(loss: ExactLoss, texts: 
     assert flagged == {"epsilon x6": True, "content cache": True}
 
 
-@pytest.mark.server
-def test_a_small_live_audit_of_the_real_server(
-    server, loss: ExactLoss, texts, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
-    from tests.support import TENANTS
+def test_text_pairs_are_neighbours_under_sentdp_s_splitter(
+    loss: ExactLoss, texts: list[str]
+) -> None:
+    pairs = text_pairs(texts, loss, 1.0, 3)
+    assert len(pairs) == 3
+    splitter = SentenceSplitter()
+    for pair in pairs:
+        assert pair.texts is not None
+        d, d2 = (split_document(t, splitter, TextLimits()) for t in pair.texts)
+        assert (d, d2) == (pair.d, pair.d2)
+        changed = [j for j, (a, b) in enumerate(zip(d, d2, strict=True)) if a != b]
+        assert len(changed) == 1
+        assert d2[changed[0]] in ABBREVIATED
 
-    sampler = http_sampler(server.url, TENANTS[0].key, batch=4)
-    results = [
-        audit_pair(pair, 1.0, 160, sampler, loss, confidence=0.999)
-        for pair in adversarial_pairs(texts, loss, 1.0, 1)[:2]
-    ]
+
+def test_the_planner_asks_more_samples_of_a_weaker_pair(loss: ExactLoss, texts: list[str]) -> None:
+    pair = adversarial_pairs(texts, loss, 1.0, 1)[0]
+    bounds = [loss.expected_bound(pair, 1.0, n) for n in (250, 2000, 16000)]
+    assert bounds == sorted(bounds)
+    assert bounds[-1] > bounds[0]
+    assert bounds[-1] <= loss(pair, 1.0)  # an expected bound never exceeds the exact loss
+    one = next(p for p in adversarial_pairs(texts, loss, 1.0, 1) if p.name == "one-sentence")
+    assert loss(one, 1.0) < 0.01
+    assert loss.planned_samples(one, 1.0) is None
+
+
+@pytest.fixture(scope="module")
+def audit_server_env(quick_bundle_tag: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    folder = tmp_path_factory.mktemp("audit")
+    return {
+        "SENTDP_MODEL": quick_bundle_tag,
+        "SENTDP_TENANTS_FILE": str(write_tenants(folder / "tenants.json")),
+        "SENTDP_MAX_DOCUMENTS": "16",
+    }, folder
+
+
+def _serve(env: dict[str, str], folder: Path, name: str, mutant: str = "") -> Server:
+    extra = {"SENTDP_LEDGER_URL": f"sqlite:///{folder / f'{name}.sqlite3'}"}
+    if mutant:
+        path = os.environ.get("PYTHONPATH", "")
+        extra |= {
+            "SENTDP_TEST_MUTANT": mutant,
+            "PYTHONPATH": f"{MUTANTS}{os.pathsep}{path}" if path else str(MUTANTS),
+        }
+    return Server({**env, **extra}, log=folder / f"{name}.log").start()
+
+
+@pytest.fixture(scope="module", params=["epsilon-doubled", "fixed-randomness", "naive-splitter"])
+def mutant_server(request: pytest.FixtureRequest, audit_server_env) -> Iterator[Server]:  # type: ignore[no-untyped-def]
+    env, folder = audit_server_env
+    server = _serve(env, folder, request.param, request.param)
+    yield server
+    server.stop()
+
+
+MUTANT_AUDIT = {
+    # declared epsilon, samples per side, pairs: each flagged with these queries (see note)
+    "epsilon-doubled": (3.0, 1600, "sentences"),
+    "fixed-randomness": (1.0, 160, "sentences"),
+    "naive-splitter": (2.0, 3200, "text"),
+}
+
+
+@pytest.mark.server
+def test_a_live_audit_flags_every_mutant_server(
+    mutant_server: Server, loss: ExactLoss, texts: list[str], tmp_path: Path
+) -> None:
+    mutant = mutant_server.env["SENTDP_TEST_MUTANT"]
+    epsilon, samples, form = MUTANT_AUDIT[mutant]
+    pairs = (
+        text_pairs(texts, loss, epsilon, 2)
+        if form == "text"
+        else adversarial_pairs(texts, loss, epsilon, 2)[:2]
+    )
+    sampler = http_sampler(mutant_server.url, TENANTS[0].key, batch=16)
+    results = [audit_pair(pair, epsilon, samples, sampler, loss) for pair in pairs]
+    assert all(r.exact_epsilon <= epsilon for r in results)  # the honest bundle's exact loss
+    assert any(r.flagged for r in results), results
+    write_report(results, tmp_path, RunInfo("test", mutant, 1.0, 4 * samples))
+    assert "**yes**" in (tmp_path / "audit.md").read_text()
+
+
+@pytest.mark.server
+def test_a_live_audit_of_the_honest_server_flags_nothing(
+    audit_server_env, loss: ExactLoss, texts: list[str], tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    env, folder = audit_server_env
+    server = _serve(env, folder, "honest")
+    labels = loss.bundle.labels
+    try:
+        samplers = {
+            "privatize": http_sampler(server.url, TENANTS[0].key, batch=16),
+            "classify": http_sampler(server.url, TENANTS[0].key, batch=16, labels=labels),
+        }
+        pairs = [
+            *adversarial_pairs(texts, loss, 1.0, 1)[:1],
+            *text_pairs(texts, loss, 1.0, 1),
+            *adversarial_pairs(texts, loss, 1.0, 1, endpoint="classify")[:1],
+        ]
+        results = [
+            audit_pair(pair, 1.0, 1600, samplers[pair.endpoint], loss, confidence=0.999)
+            for pair in pairs
+        ]
+    finally:
+        server.stop()
+    assert [r.form for r in results] == ["sentences", "text", "sentences → label"]
     assert all(r.exact_epsilon <= 1.0 for r in results)
     assert not any(r.flagged for r in results), results
-    write_report(results, tmp_path, "sentdp-audit (test)")
-    assert "| doc0" in (tmp_path / "audit.md").read_text()
+    assert min(r.fit_pvalue for r in results) > 1e-4  # the server draws what the bundle says
+    write_report(results, tmp_path, RunInfo("sentdp-audit (test)", "honest", 1.0, 9600))
+    assert "| text0" in (tmp_path / "audit.md").read_text()

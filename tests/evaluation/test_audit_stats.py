@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from evaluation.audit_stats import clopper_pearson, lower_bound
+from evaluation.audit_stats import clopper_pearson, fit_pvalue, lower_bound
 
 
 def exponential_samples(epsilon: float, shift: int, n: int, seed: int) -> np.ndarray:
@@ -49,3 +49,18 @@ def test_a_mechanism_running_at_four_times_its_epsilon_is_flagged() -> None:
     assert bound.epsilon_lower > 1.0  # declared 1: flagged
     assert bound.direction in {"D over D'", "D' over D"}
     assert math.isfinite(bound.epsilon_lower)
+
+
+def test_the_fit_test_accepts_the_exact_distribution_and_rejects_a_near_one() -> None:
+    rng = np.random.default_rng(5)
+    probabilities = rng.dirichlet(np.full(3000, 0.3))  # thousands of rarely drawn outcomes
+    honest = [
+        fit_pvalue(rng.choice(3000, size=4000, p=probabilities).tolist(), probabilities)
+        for _ in range(20)
+    ]
+    assert min(honest) > 1e-3  # 20 honest samples: none rejected at the audit's level
+    tilted = probabilities**1.5  # sharper, as the same mechanism at a higher epsilon
+    tilted /= tilted.sum()
+    wrong = fit_pvalue(rng.choice(3000, size=4000, p=tilted).tolist(), probabilities)
+    assert wrong < 1e-4
+    assert fit_pvalue([0, 0, 1], [1.0, 0.0, 0.0]) == 1.0  # one cell: nothing to test
