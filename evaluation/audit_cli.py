@@ -47,6 +47,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--label-pairs", type=int, default=2, help="adversarial pairs for /classify's label"
     )
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=0.95,
+        help="confidence with which all the run's bounds hold together (split over the pairs)",
+    )
     parser.add_argument("--batch", type=int, default=16, help="documents per request")
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight")
     parser.add_argument(
@@ -63,6 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{name} must be at least 1")
     if args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
+    if not 0 < args.confidence < 1:
+        parser.error("--confidence must be between 0 and 1")
     if not args.key_file.is_file():
         parser.error(f"no key file at {args.key_file}")
     return args
@@ -99,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         deployment=args.deployment or args.url,
         seconds=round(time.perf_counter() - started, 1),
         documents=sum(2 * samples for _, samples, _ in plan),
+        confidence=args.confidence,
     )
     write_report(results, args.out, run)
     console.print(f"report: {args.out / 'audit.md'}")
@@ -142,8 +151,10 @@ def _run(
             )
             for endpoint, labels in (("privatize", None), ("classify", loss.bundle.labels))
         }
+        each = 1 - (1 - args.confidence) / len(plan)  # Bonferroni over the pairs
         for epsilon, samples, pair in plan:
-            result = audit_pair(pair, epsilon, samples, samplers[pair.endpoint], loss)
+            sampler = samplers[pair.endpoint]
+            result = audit_pair(pair, epsilon, samples, sampler, loss, confidence=each)
             progress.console.print(
                 f"ε={epsilon:g} {pair.name}: exact {result.exact_epsilon:.3f}, "
                 f"lower bound {result.lower_bound:.3f}, fit p {result.fit_pvalue:.3g}"

@@ -129,6 +129,9 @@ def fit_pvalue(
     from scipy.stats import chisquare
 
     p = np.asarray(probabilities, dtype=np.float64)
+    drawn = np.asarray(outcomes, dtype=np.int64)
+    if len(drawn) and (p[drawn] <= 0).any():
+        return 0.0  # an outcome the distribution never produces
     n = len(outcomes)
     order = np.argsort(-p, kind="stable")
     cell_of = np.empty(len(p), dtype=np.int64)
@@ -143,9 +146,10 @@ def fit_pvalue(
         running += p[index] * n
     if len(cells) > 1 and cells[-1] < minimum:  # fold an underfilled tail into its neighbour
         cell_of[cell_of == len(cells) - 1] = len(cells) - 2
-        cells[-2] += cells.pop()
+        tail = cells.pop()
+        cells[-1] += tail
     if len(cells) < 2:
         return 1.0
-    observed = np.bincount(cell_of[np.asarray(outcomes, dtype=np.int64)], minlength=len(cells))
+    observed = np.bincount(cell_of[drawn], minlength=len(cells))
     expected = np.asarray(cells) * n / sum(cells)
     return float(chisquare(observed, expected).pvalue)

@@ -27,6 +27,7 @@ from evaluation.results import (
     Score,
     deepcandidate_method,
     epsilon_key,
+    served_method,
     vote_method,
 )
 from sentdp.bundle import Bundle
@@ -111,6 +112,7 @@ def run_evaluation(
     for each in bundles:
         run.deepcandidate(each)
     voted = [each for each in _distinct_votes(bundles) if run.sentence_vote(each)]
+    served = [each for each in bundles if run.served_labels(each, voted)]
     if "truncation" in config.baselines:
         run.truncation()
     if "word_mdp" in config.baselines:
@@ -124,6 +126,7 @@ def run_evaluation(
         k_epsilon=config.k_epsilon,
         methods=[deepcandidate_method(b.manifest.name) for b in bundles]
         + [vote_method(b.manifest.name) for b in voted]
+        + [served_method(b.manifest.name) for b in served]
         + [m for m in BASELINES if m in config.baselines or m in ("nonprivate", "random_guess")],
         eps_sweep=run.eps_sweep,
         notes=run.notes,
@@ -140,14 +143,18 @@ def _distinct_votes(bundles: Sequence[Bundle]) -> list[Bundle]:
         vote = bundle.vote
         if vote is None:
             continue
-        if not any(
-            other.vote is not None
-            and np.array_equal(other.vote.weights, vote.weights)
-            and np.array_equal(other.vote.bias, vote.bias)
-            for other in distinct
-        ):
+        if not any(_same_vote(other, bundle) for other in distinct):
             distinct.append(bundle)
     return distinct
+
+
+def _same_vote(a: Bundle, b: Bundle) -> bool:
+    return (
+        a.vote is not None
+        and b.vote is not None
+        and np.array_equal(a.vote.weights, b.vote.weights)
+        and np.array_equal(a.vote.bias, b.vote.bias)
+    )
 
 
 def _check_same_corpus(bundles: Sequence[Bundle]) -> None:
@@ -255,6 +262,22 @@ class Experiment:
                 for trial in range(self.config.trials)
             ]
             self.score(vote_method(bundle.manifest.name), epsilon, self.test, predicted)
+        return True
+
+    def served_labels(self, bundle: Bundle, voted: Sequence[Bundle]) -> bool:
+        """What /classify returns with ``bundle``, per epsilon: the vote's label or the
+        candidate's, as chosen on validation (False for a bundle without a vote)."""
+        if bundle.vote is None:
+            return False
+        scorer = next(b for b in voted if _same_vote(b, bundle))
+        candidate = self.eps_sweep[deepcandidate_method(bundle.manifest.name)]
+        vote = self.eps_sweep[vote_method(scorer.manifest.name)]
+        row: MethodScores = {}
+        for epsilon in self.config.epsilons:
+            key = epsilon_key(epsilon)
+            by_vote = bundle.manifest.choice_for(epsilon).label == "vote"
+            row[key] = replace(vote[key], variant="sentence-vote") if by_vote else candidate[key]
+        self.eps_sweep[served_method(bundle.manifest.name)] = row
         return True
 
     def truncation(self) -> None:

@@ -6,7 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evaluation.results import DEEPCANDIDATE, VOTE, EvaluationResults, Score, epsilon_key
+from evaluation.results import (
+    DEEPCANDIDATE,
+    SERVED,
+    VOTE,
+    EvaluationResults,
+    Score,
+    epsilon_key,
+)
 
 LABELS = {
     "truncation": "Truncation (SentDP)",
@@ -47,6 +54,8 @@ def label_of(method: str, results: EvaluationResults) -> str:
         return f"DeepCandidate, {results.models[name]} recipe ({name})"
     if method.startswith(VOTE):
         return f"SentenceVote label ({method.removeprefix(VOTE)})"
+    if method.startswith(SERVED):
+        return f"/classify label as served ({method.removeprefix(SERVED)})"
     return LABELS[method]
 
 
@@ -57,6 +66,9 @@ def style_of(method: str, results: EvaluationResults) -> tuple[str, str, str]:
     if method.startswith(VOTE):
         rank = [m for m in results.methods if m.startswith(VOTE)].index(method)
         return VOTE_COLORS[rank % len(VOTE_COLORS)], "D", "-."
+    if method.startswith(SERVED):
+        rank = [m for m in results.methods if m.startswith(SERVED)].index(method)
+        return VOTE_COLORS[rank % len(VOTE_COLORS)], "*", ":"
     return STYLES[method]
 
 
@@ -98,6 +110,15 @@ def _markdown(results: EvaluationResults) -> str:
             lines.append(
                 f"- {label_of(method, results)}: variant and p chosen on validation per ε: "
                 + ", ".join(f"ε={e}: {p}" for e, p in zip(eps, ps, strict=True))
+            )
+        elif method.startswith(SERVED):
+            sources = [
+                "SentenceVote" if c.variant == "sentence-vote" else f"candidate ({c.variant})"
+                for c in (results.eps_sweep[method][e] for e in eps)
+            ]
+            lines.append(
+                f"- {label_of(method, results)}: label source chosen on validation per ε: "
+                + ", ".join(f"ε={e}: {s}" for e, s in zip(eps, sources, strict=True))
             )
     lines.append("")
     lines += [

@@ -30,6 +30,15 @@ def vote_method(bundle_name: str) -> str:
     return f"{VOTE}{bundle_name}"
 
 
+SERVED = "classify:"
+"""Prefix of the label /classify serves with a bundle: per epsilon, the vote's or the
+candidate's, as the bundle's validation chose; the bundle's name follows."""
+
+
+def served_method(bundle_name: str) -> str:
+    return f"{SERVED}{bundle_name}"
+
+
 def epsilon_key(epsilon: float) -> str:
     """How an epsilon names its column in the JSON: ``1``, ``10``, ``0.5``."""
     return f"{epsilon:g}"

@@ -149,6 +149,21 @@ class SentenceEncoder:
         return out
 
 
+def encode_once(
+    encoder: SentenceEncoder, keyed: Sequence[tuple[str, str]]
+) -> npt.NDArray[np.float32]:
+    """Embeddings of ``(owner, sentence)`` pairs in order, each distinct pair encoded once.
+
+    An embedding depends on its sentence alone (the encoder is batch-invariant), so this
+    changes no bit. Keying by owner (the service's tenant) keeps one owner's encoding time
+    independent of whether another sent the same sentence.
+    """
+    slots: dict[tuple[str, str], int] = {}
+    order = [slots.setdefault(pair, len(slots)) for pair in keyed]
+    encoded = encoder.encode([sentence for _, sentence in slots])
+    return encoded[np.asarray(order, dtype=np.int64)]
+
+
 class TokenCounter:
     """The encoding cost of sentences in padded tokens, without torch: the same tokenizer,
     truncation and length buckets as :class:`SentenceEncoder`, so the gateway can bound the

@@ -74,6 +74,20 @@ MECHANISM = "deepcandidate"
 VOTE_MECHANISM = "sentence-vote"
 
 
+ROW_TOKENS = 1
+"""What one sentence costs beyond its encoding, in padded tokens: recoding it and planning
+with it take about a third of the time of encoding one padded token (measured on 2 CPU
+cores: 0.05 ms a row against 0.17 ms a token), so this over-counts."""
+
+
+def work_cost(sentences: Sequence[Sequence[str]], cost: Cost) -> int:
+    """A request's work in padded tokens: each distinct sentence encoded once (the worker
+    encodes a repeated sentence of a tenant once), plus every sentence's own row of recoding
+    and planning, so a request of one sentence repeated a thousand times is not free."""
+    rows = [s for document in sentences for s in document]
+    return sum(cost(list(dict.fromkeys(rows)))) + ROW_TOKENS * len(rows)
+
+
 class WorkerNotRunError(Exception):
     """The worker certainly drew no randomness for any item: every charge may be refunded."""
 
@@ -231,8 +245,7 @@ class Charging:
             request.documents,
         )
         ids = document_ids(request.documents, request.tenant.composition)
-        distinct = list(dict.fromkeys(s for doc in sentences for s in doc))  # encoded once each
-        tokens = check_cost(sum(self.cost(distinct)), self.limits)
+        tokens = check_cost(work_cost(sentences, self.cost), self.limits)
         release: Literal["candidate", "vote"] = (
             "vote" if request.with_labels and choice.label == "vote" else "candidate"
         )

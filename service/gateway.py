@@ -162,7 +162,7 @@ class Gateway:
         return self._respond(ctx, await self.charging.handle(request))
 
     async def _run_worker(self, work: WorkRequest) -> list[WorkResult]:
-        sentences = len({s for item in work.items for s in item.sentences})  # distinct
+        sentences = sum(len(item.sentences) for item in work.items)
         batched = (
             self.settings.adaptive_batching
             and sentences <= self.settings.batch_max_sentences

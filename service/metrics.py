@@ -58,12 +58,6 @@ _SPECS: dict[str, tuple[str, str, tuple[str, ...], dict[str, Any]]] = {
         (),
         {"buckets": (1, 8, 32, 128, 512, 1024, 2048, 4096, 16384)},
     ),
-    "batch_distinct_sentences": (
-        "Histogram",
-        "sentdp_worker_batch_distinct_sentences",
-        (),
-        {"buckets": (1, 8, 32, 128, 512, 1024, 2048, 4096, 16384)},
-    ),
     "worker_seconds": (
         "Histogram",
         "sentdp_worker_batch_seconds",

@@ -168,7 +168,11 @@ class ClassifyResponse(BaseModel):
 
 
 class WorkItem(BaseModel):
-    """One document for the worker: sentences, the epsilon to run at, p, and its charge."""
+    """One document for the worker: sentences, the epsilon to run at, p, and its charge.
+    Unknown fields are refused (before anything is drawn), so a worker never silently
+    ignores an instruction a newer gateway sends, such as ``release``."""
+
+    model_config = ConfigDict(extra="forbid")
 
     charge_id: int
     model: str

@@ -48,9 +48,10 @@ class ServiceSettings(BaseSettings):
     max_request_sentences: int = Field(default=1000, ge=1)
     """Sentences in one request, all documents together."""
     max_request_tokens: int = Field(default=40_000, ge=256)
-    """Encoding cost of one request in padded tokens (the encoder's length buckets) of its
-    distinct sentences (the worker encodes a repeated sentence once): about 7 s on 2 CPU
-    cores, well within the worker's timeout. Long sentences cost more."""
+    """Work of one request in padded tokens (the encoder's length buckets): its distinct
+    sentences' (the worker encodes a repeated sentence once) plus one per sentence for
+    recoding and planning; about 7 s on 2 CPU cores, well within the worker's timeout. Long
+    sentences cost more."""
     tenant_inflight_tokens: int = Field(default=40_000, ge=256)
     """Padded tokens one tenant may have in flight per gateway process; beyond, 429 and
     nothing charged. At least ``max_request_tokens``, so the largest request is admissible."""
@@ -71,9 +72,8 @@ class ServiceSettings(BaseSettings):
     adaptive_batching: bool = True
     """False: the gateway calls the worker's non-batchable twin endpoint (for measurements)."""
     batch_max_sentences: int = Field(default=100, ge=1)
-    """A request with more distinct sentences than this bypasses adaptive batching (the twin
-    endpoint), so one batch of ``worker_batch_size`` requests encodes at most that many times
-    this."""
+    """A request with more sentences than this bypasses adaptive batching (the twin endpoint),
+    so one batch of ``worker_batch_size`` requests holds at most that many times this."""
     worker_batch_size: int = Field(default=32, ge=1)
     worker_max_latency_ms: int = Field(default=60_000, ge=100)
     encode_batch_size: int = Field(default=64, ge=1)

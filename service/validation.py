@@ -25,8 +25,8 @@ class Limits:
     max_request_sentences: int = 1000
     """Sentences of all documents of one request."""
     max_request_tokens: int = 40_000
-    """Encoding cost of one request in padded tokens of its distinct sentences (about 7 s on
-    2 CPU cores): the largest request must finish well within the worker's timeout."""
+    """Work of one request in padded tokens (:func:`service.charging.work_cost`, about 7 s
+    on 2 CPU cores): the largest request must finish well within the worker's timeout."""
     tenant_inflight_tokens: int = 40_000
     """Padded tokens one tenant may have in flight in this gateway process; more is refused
     with 429 before anything is charged."""
@@ -111,7 +111,8 @@ def check_cost(tokens: int, limits: Limits) -> int:
     if tokens > limits.max_request_tokens:
         raise ApiError(
             Code.REQUEST_TOO_LARGE,
-            f"the request would encode {tokens} padded tokens; the limit is "
+            f"the request's work is {tokens} padded tokens (its distinct sentences' encoding "
+            f"plus one per sentence); the limit is "
             f"{limits.max_request_tokens} (send the documents in several requests)",
         )
     return tokens

@@ -224,20 +224,17 @@ class Worker:
         return plans
 
     def _encode_distinct(self, items: list[WorkItem], tenants: list[str]) -> np.ndarray:
-        """Every item's sentence embeddings, in order, encoding each distinct sentence of a
-        tenant once. An embedding depends on its sentence alone (the batch-invariant encoder),
-        so this changes no bit of any output; it is done per tenant so that one tenant's
-        latency never tells whether another tenant sent the same sentence."""
-        slots: dict[tuple[str, str], int] = {}
-        order = [
-            slots.setdefault((tenant, sentence), len(slots))
+        """Every item's sentence embeddings, in order, each distinct sentence of a tenant
+        encoded once (see :func:`sentdp.encoders.encode_once`)."""
+        from sentdp.encoders import encode_once
+
+        keyed = [
+            (tenant, sentence)
             for item, tenant in zip(items, tenants, strict=True)
             for sentence in item.sentences
         ]
-        metric("batch_sentences").observe(len(order))
-        metric("batch_distinct_sentences").observe(len(slots))
-        encoded = self.encoder.encode([sentence for _, sentence in slots])
-        return encoded[np.asarray(order, dtype=np.int64)]
+        metric("batch_sentences").observe(len(keyed))
+        return encode_once(self.encoder, keyed)
 
     def _inject_fault(self, items: list[WorkItem], stage: str) -> None:
         if self.fault_marker and any(

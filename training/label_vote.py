@@ -2,10 +2,11 @@
 
 Every training sentence is labelled with its document's class (a weak label: a sports article
 also has sentences about money), and a multinomial logistic regression is fitted on the
-sentences' G embeddings. Its regularisation is chosen on validation, by the expected
-macro-F1 of the private vote averaged over the grid's epsilons. Then, per grid epsilon, the
-label of /classify comes from the vote or from DeepCandidate's candidate, whichever has the
-higher expected validation macro-F1 (exact probabilities, no sampling noise).
+sentences' G embeddings. Its regularisation and the votes' softmax temperature are chosen on
+validation, by the expected macro-F1 of the private vote averaged over the grid's epsilons.
+Then, per grid epsilon, the label of /classify comes from the vote or from DeepCandidate's
+candidate, whichever has the higher expected validation macro-F1 (exact probabilities, no
+sampling noise).
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from training.p_selection import soft_macro_f1
 
 REGULARISATION = (0.1, 1.0, 10.0)
 """Inverse regularisation strengths C tried for the per-sentence classifier."""
+TEMPERATURES = (1.0, 0.5, 0.25, 0.1)
+"""Softmax temperatures tried for the votes. Below 1 a sentence's vote goes more wholly to
+its likeliest class: more signal per sentence for the same sensitivity, which pays at small
+epsilon (measured on validation: movie-polarity 0.726 -> 0.770 at epsilon 1 with 0.25,
+clothing-reviews 0.117 -> 0.143)."""
 MAX_SENTENCES = 60_000
 """Training sentences used at most (a seeded sample beyond): logistic regression on 384
 dimensions learns little more from more weakly labelled sentences, and stays under a minute."""
@@ -34,6 +40,8 @@ class VoteResult:
     regularisation: float
     validation_macro_f1: dict[str, float]
     """Expected validation macro-F1 of the private vote, per grid epsilon."""
+    temperature: float = 1.0
+    """The softmax temperature of the votes (its weights and bias are divided by it)."""
 
 
 def vote_macro_f1(
@@ -75,12 +83,15 @@ def train_vote(
     best: VoteResult | None = None
     for strength in REGULARISATION:
         model = LogisticRegression(C=strength, max_iter=500, random_state=seed).fit(x, labels)
-        vote = _as_vote(model.coef_, model.intercept_)
-        scores = {f"{e:g}": vote_macro_f1(vote, documents, truth, e) for e in epsilons}
-        if best is None or np.mean(list(scores.values())) > np.mean(
-            list(best.validation_macro_f1.values())
-        ):
-            best = VoteResult(vote, strength, scores)
+        assert list(model.classes_) == list(range(len(model.classes_)))
+        fitted = _as_vote(model.coef_, model.intercept_)
+        for temperature in TEMPERATURES:
+            vote = SentenceVote(fitted.weights / temperature, fitted.bias / temperature)
+            scores = {f"{e:g}": vote_macro_f1(vote, documents, truth, e) for e in epsilons}
+            if best is None or np.mean(list(scores.values())) > np.mean(
+                list(best.validation_macro_f1.values())
+            ):
+                best = VoteResult(vote, strength, scores, temperature)
     assert best is not None
     return best
 

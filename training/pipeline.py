@@ -208,7 +208,8 @@ def build_bundle(
     )
     p_table = with_label_choice(p_table, vote)
     console.print(
-        f"SentenceVote: C={vote.regularisation:g}, expected validation macro-F1 "
+        f"SentenceVote: C={vote.regularisation:g}, temperature {vote.temperature:g}, "
+        "expected validation macro-F1 "
         + ", ".join(f"ε={e} {f:.3f}" for e, f in vote.validation_macro_f1.items())
     )
     scores: dict[str, Any] = {
@@ -218,7 +219,11 @@ def build_bundle(
         },
         "choice_by_epsilon": {f"{c.epsilon:g}": f"{c.variant} p={c.p}" for c in p_table},
         "label_by_epsilon": {f"{c.epsilon:g}": c.label for c in p_table},
-        "vote": {"regularisation": vote.regularisation, **vote.validation_macro_f1},
+        "vote": {
+            "regularisation": vote.regularisation,
+            "temperature": vote.temperature,
+            **vote.validation_macro_f1,
+        },
         "variants": variant_scores,
         "validation_grid": grid,
     }

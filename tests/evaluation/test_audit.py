@@ -179,6 +179,9 @@ def test_a_live_audit_of_the_honest_server_flags_nothing(
     audit_server_env, loss: ExactLoss, texts: list[str], tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     env, folder = audit_server_env
+    # The quick bundle takes /classify's label from SentenceVote at epsilon 1, so the label
+    # pair below audits the real worker's vote path.
+    assert loss.bundle.manifest.choice_for(1.0).label == "vote"
     server = _serve(env, folder, "honest")
     labels = loss.bundle.labels
     try:

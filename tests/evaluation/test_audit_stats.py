@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from evaluation.audit_stats import clopper_pearson, fit_pvalue, lower_bound
 
@@ -63,4 +64,27 @@ def test_the_fit_test_accepts_the_exact_distribution_and_rejects_a_near_one() ->
     tilted /= tilted.sum()
     wrong = fit_pvalue(rng.choice(3000, size=4000, p=tilted).tolist(), probabilities)
     assert wrong < 1e-4
-    assert fit_pvalue([0, 0, 1], [1.0, 0.0, 0.0]) == 1.0  # one cell: nothing to test
+    assert fit_pvalue([0, 0, 0], [1.0, 0.0, 0.0]) == 1.0  # one cell: nothing to test
+    assert fit_pvalue([0, 0, 1], [1.0, 0.0, 0.0]) == 0.0  # an impossible outcome was drawn
+
+
+@pytest.mark.parametrize(
+    "probabilities",
+    [
+        [0.9, 0.08, 0.015, 0.004, 0.001],
+        [0.5, 0.3, 0.199, 0.001],
+        [0.995, 0.003, 0.001, 0.001],
+        [0.999, 0.0009, 0.0001],
+    ],
+)
+def test_the_fit_test_accepts_honest_draws_from_a_few_skewed_outcomes(
+    probabilities: list[float],
+) -> None:
+    """Labels: a handful of outcomes, most of them rare (the tail is folded into a cell)."""
+    rng = np.random.default_rng(6)
+    values = [
+        fit_pvalue(rng.choice(len(probabilities), 2000, p=probabilities).tolist(), probabilities)
+        for _ in range(50)
+    ]
+    assert min(values) > 1e-4  # the audit's misfit level: none of 50 honest runs
+    assert np.mean(np.array(values) < 0.05) < 0.2  # about 5% expected below 0.05

@@ -33,7 +33,13 @@ def test_quick_evaluation_writes_tables_plots_and_json(
     assert stored["test_documents"] == 20
     key = f"deepcandidate:{bundle.manifest.name}"
     vote = f"sentence_vote:{bundle.manifest.name}"
-    assert stored["methods"] == [key, vote, "truncation", "word_mdp", "nonprivate", "random_guess"]
+    served = f"classify:{bundle.manifest.name}"
+    private = [key, vote, served, "truncation", "word_mdp"]
+    assert stored["methods"] == [*private, "nonprivate", "random_guess"]
+    for epsilon in ("1", "10"):  # /classify serves the source the bundle's table names
+        by_vote = bundle.manifest.choice_for(float(epsilon)).label == "vote"
+        source = stored["eps_sweep"][vote if by_vote else key][epsilon]
+        assert stored["eps_sweep"][served][epsilon]["trials"] == source["trials"]
     for method in stored["methods"]:
         for epsilon in ("1", "10"):
             entry = stored["eps_sweep"][method][epsilon]

@@ -13,6 +13,7 @@ from sentdp.encoders import (
     MLP,
     SentenceEncoder,
     batch_invariance_violations,
+    encode_once,
     recode,
 )
 from sentdp.errors import InputError
@@ -128,3 +129,19 @@ def test_the_token_counter_agrees_with_the_encoders_buckets(encoder) -> None:
     sentences = [TARGET, *SHORTER, *LONGER, "x " * 600, "", "Ünïcödé — “quotes” 🙂."]
     assert counter.padded_tokens(sentences) == encoder.buckets_of(sentences)
     assert counter.padded_tokens([]) == []
+
+
+def test_each_owner_s_repeated_sentence_is_encoded_once_and_bit_identically(encoder) -> None:
+    asked: list[list[str]] = []
+
+    class Spy:
+        def encode(self, sentences):  # type: ignore[no-untyped-def]
+            asked.append(list(sentences))
+            return encoder.encode(sentences)
+
+    rose, fell = "Rates rose.", "Markets fell."
+    keyed = [("a", rose), ("a", fell), ("a", rose), ("b", rose)]
+    got = encode_once(Spy(), keyed)  # type: ignore[arg-type]
+    assert asked == [[rose, fell, rose]]  # once per owner
+    np.testing.assert_array_equal(got, encoder.encode([s for _, s in keyed]))
+    assert encode_once(Spy(), []).shape == (0, encoder.dim)  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ import pytest
 
 from sentdp.accounting import MICRO
 from sentdp.text import TextLimits
-from service.charging import ChargedRequest, Charging, Reply
+from service.charging import ChargedRequest, Charging, Reply, work_cost
 from service.idempotency import BodySigner
 from service.ledger import SqlLedger, open_ledger
 from service.schemas import DocumentIn
@@ -40,14 +40,14 @@ def charging(
     ledger: SqlLedger,
     worker: FakeWorker,
     max_documents: int = 4,
-    inflight: int = 30,
+    inflight: int = 60,
     start_timeout: float = 30.0,
 ) -> Charging:
     limits = Limits(
         max_documents,
         TextLimits(max_sentences=10, max_sentence_chars=200),
         max_request_sentences=20,
-        max_request_tokens=20,
+        max_request_tokens=40,  # 1 per distinct sentence + 1 per sentence
         tenant_inflight_tokens=inflight,
         start_timeout=start_timeout,
     )
@@ -345,13 +345,13 @@ def test_the_log_holds_no_request_text(
 
 def test_a_tenant_over_its_in_flight_work_gets_429_and_others_do_not(ledger: SqlLedger) -> None:
     gate = asyncio.Event()
-    flow = charging(ledger, gated(FakeWorker(BUNDLE), gate), inflight=12)  # type: ignore[arg-type]
+    flow = charging(ledger, gated(FakeWorker(BUNDLE), gate), inflight=24)  # type: ignore[arg-type]
     ten = [{"sentences": [f"s{n}." for n in range(10)]}]
 
     async def scenario() -> list[Reply]:
         held = asyncio.create_task(flow.handle(request(documents=ten)))
         await asyncio.sleep(0.1)
-        busy = await flow.handle(request(user="bob", documents=ten))  # 10 + 10 > 12
+        busy = await flow.handle(request(user="bob", documents=ten))  # 20 + 20 > 24
         other = asyncio.create_task(flow.handle(request(tenant=PAIRS, documents=ten)))
         await asyncio.sleep(0.1)
         gate.set()
@@ -404,11 +404,19 @@ def test_the_encoding_cost_bounds_a_request_and_a_tenants_work(ledger: SqlLedger
         BUNDLE, VERSION, ledger, FakeWorker(BUNDLE), limits, BodySigner(b"k" * 32), padded
     )
     long = ["x" * 150 + ".", "y" * 150 + ".", "z" * 150 + "."]
-    ok, _ = run(flow, request(documents=[{"sentences": [*long[:2], "short."]}]))  # 528
-    big, body = run(flow, request(documents=[{"sentences": long}]))  # 768
-    repeated = [{"sentences": [long[0], "short."]}] * 4  # encoded once: 272, not 1,088
+    ok, _ = run(flow, request(documents=[{"sentences": [*long[:2], "short."]}]))  # 528 + 3
+    big, body = run(flow, request(documents=[{"sentences": long}]))  # 768 + 3
+    repeated = [{"sentences": [long[0], "short."]}] * 4  # encoded once: 272 + 8, not 1,096
     again, _ = run(flow, request(documents=repeated))
     assert (ok.status, big.status, again.status) == (200, 413, 200)
     assert body["error"]["code"] == "request_too_large"
-    assert "768 padded tokens" in body["error"]["message"]
+    assert "771 padded tokens" in body["error"]["message"]
     assert len(ledger.charges()) == 5  # one per document of the two admitted requests
+
+
+def test_a_repeated_sentence_is_encoded_once_but_every_row_still_costs() -> None:
+    def eight(sentences):  # type: ignore[no-untyped-def]
+        return [8] * len(sentences)
+
+    assert work_cost([["word."] * 1000], eight) == 8 + 1000
+    assert work_cost([["a.", "b."], ["a.", "c."]], eight) == 3 * 8 + 4

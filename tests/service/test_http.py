@@ -333,33 +333,6 @@ def test_metrics_need_the_metrics_token_and_openapi_is_served(server) -> None:
     assert {"/privatize", "/classify", "/budget"} <= set(spec["paths"])
 
 
-def _metric_sum(server, name: str) -> float:  # type: ignore[no-untyped-def]
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with client(server, METRICS_TOKEN) as http:
-        text = http.get("/metrics").text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    )
-
-
-def test_a_tenant_s_repeated_sentences_are_encoded_once(server) -> None:
-    names = ("sentdp_worker_batch_sentences_sum", "sentdp_worker_batch_distinct_sentences_sum")
-    before = [_metric_sum(server, name) for name in names]
-    document = {"sentences": ["Rates rose again on Monday.", "Markets fell."]}
-    with client(server, ACME.key) as http:
-        response = http.post(
-            "/privatize", json={"user": "dedup", "epsilon": 1.0, "documents": [document] * 4}
-        )
-    assert response.status_code == 200, response.text
-    assert len(response.json()["documents"]) == 4
-    after = [_metric_sum(server, name) for name in names]
-    assert [a - b for a, b in zip(after, before, strict=True)] == [8, 2]
-
-
 @pytest.mark.parametrize(
     "body",
     [
