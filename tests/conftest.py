@@ -93,6 +93,7 @@ def server(quick_bundle_tag: str, tmp_path_factory: pytest.TempPathFactory):  # 
         "SENTDP_MAX_SENTENCES": "40",
         "SENTDP_MAX_DOCUMENTS": "4",
         "SENTDP_MAX_BODY_BYTES": "65536",
+        "SENTDP_BATCH_MAX_SENTENCES": "100",  # small enough for a test request to exceed
     }
     started = Server(env, log=folder / "server.log").start()
     yield started
