@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation.audit_stats import lower_bound
+from evaluation.audit_stats import fit_pvalue, lower_bound, ratio_bound
 from sentdp.accounting import charge_for, epsilon_of_charge
 from sentdp.bundle import Bundle
 from sentdp.encoders import SentenceEncoder, recode
@@ -169,8 +169,6 @@ class ExactLoss:
     def _best_events(
         self, pair: Pair, epsilon: float, samples: int
     ) -> list[tuple[np.ndarray, float]]:
-        from evaluation.audit_stats import ratio_bound
-
         a, b = self._pair(pair, epsilon)
         chosen = []
         for first, second in ((a, b), (b, a)):
@@ -186,8 +184,6 @@ class ExactLoss:
 
     def fit(self, pair: Pair, epsilon: float, d: list[int], d2: list[int]) -> float:
         """p-value of both sides' outcomes against their exact distributions (Bonferroni)."""
-        from evaluation.audit_stats import fit_pvalue
-
         offset = self.offset(epsilon, pair.endpoint)
         values = []
         for sentences, outcomes in ((pair.d, d), (pair.d2, d2)):
@@ -226,7 +222,7 @@ ABBREVIATED = (
 splitter, many "sentences" for a splitter that cuts at every period."""
 
 
-def _documents(texts: Sequence[str], rng: random.Random) -> list[list[str]]:
+def _documents(texts: Sequence[str]) -> list[list[str]]:
     splitter, limits = SentenceSplitter(), TextLimits()
     documents = [split_document(t, splitter, limits) for t in texts]
     return [d for d in documents if 3 <= len(d) <= 12]
@@ -262,7 +258,7 @@ def adversarial_pairs(
     plus a one-sentence and a many-sentence document. ``endpoint="classify"`` audits the
     label /classify releases instead of /privatize's candidate."""
     rng = random.Random(seed)  # noqa: S311 - choosing public documents, not privacy
-    documents = _documents(texts, rng)
+    documents = _documents(texts)
     pool = [*OUTLIERS, *(rng.choice(d) for d in rng.sample(documents, 24))]
     prefix = "label-" if endpoint == "classify" else ""
     pairs = []
@@ -286,7 +282,7 @@ def text_pairs(
     rng = random.Random(seed)  # noqa: S311 - choosing public documents, not privacy
     splitter, limits = SentenceSplitter(), TextLimits()
     pairs: list[Pair] = []
-    for base in rng.sample(_documents(texts, rng), 4 * count):
+    for base in rng.sample(_documents(texts), 4 * count):
         j = rng.randrange(len(base) - 1)  # not the last segment: its end needs no mark
         other = _replaced(base, j, _most_moving(base, j, ABBREVIATED, loss, epsilon))
         raw, raw2 = _as_text(base), _as_text(other)

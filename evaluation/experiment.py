@@ -32,9 +32,8 @@ from evaluation.results import (
 )
 from sentdp.bundle import Bundle
 from sentdp.encoders import SentenceEncoder, recode
-from sentdp.labels import sampler_epsilon
+from sentdp.labels import vote_plan
 from sentdp.mechanism import DeepCandidate, sample_from_utilities
-from sentdp.sampling import plan_selection
 from training.classifiers import macro_f1, train_classifier
 from training.corpora import CorpusSpec, load_corpus
 from training.datasets import Corpus, Splits, load_glove, stratified_splits
@@ -255,8 +254,7 @@ class Experiment:
             return False
         deviations = [vote.deviations(self.embeddings.document(i)) for i in self.test]
         for epsilon in self.config.epsilons:
-            rate = sampler_epsilon(epsilon, vote.classes)
-            plans = [plan_selection(d, rate) for d in deviations]
+            plans = [vote_plan(d, epsilon) for d in deviations]
             predicted = [
                 DeepCandidate.draw_plans(plans, self.rng(trial, epsilon, 3))
                 for trial in range(self.config.trials)

@@ -90,7 +90,7 @@ class SentenceVote:
         if len(epsilons) != len(documents):
             raise InputError(f"got {len(documents)} documents but {len(epsilons)} epsilons")
         return [
-            plan_selection(self.deviations(doc), sampler_epsilon(eps, self.classes))
+            vote_plan(self.deviations(doc), eps)
             for doc, eps in zip(documents, epsilons, strict=True)
         ]
 
@@ -109,6 +109,12 @@ def sampler_epsilon(epsilon: float, classes: int) -> float:
     ``exp(-rate * dev / 4)``) so that a class is weighed by ``exp(eps' * n_c / (2 U))``,
     with ``eps' = epsilon - eta(r)`` and U = :data:`VOTE_UNITS`."""
     return 2.0 * mechanism_epsilon(epsilon, classes) / VOTE_UNITS
+
+
+def vote_plan(deviations: IntArray, epsilon: float) -> SelectionPlan:
+    """The sampler's plan for a vote's ``deviations`` (one per class) at ``epsilon``: what
+    :meth:`SentenceVote.plan_batch` does, for callers that reuse deviations across epsilons."""
+    return plan_selection(deviations, sampler_epsilon(epsilon, len(deviations)))
 
 
 def vote_log_probs(deviations: npt.ArrayLike, epsilon: float) -> FloatArray:

@@ -51,10 +51,24 @@ def vote_macro_f1(
     epsilon: float,
 ) -> float:
     """Macro-F1 of the expected confusion matrix of the private vote (exact probabilities)."""
-    confusion = np.zeros((vote.classes, vote.classes))
-    for document, label in zip(documents, truth, strict=True):
-        confusion[label] += np.exp(vote_log_probs(vote.deviations(document), epsilon))
-    return soft_macro_f1(confusion)
+    return vote_scores(vote, documents, truth, [epsilon])[f"{epsilon:g}"]
+
+
+def vote_scores(
+    vote: SentenceVote,
+    documents: Sequence[npt.NDArray[np.floating]],
+    truth: Sequence[int],
+    epsilons: Sequence[float],
+) -> dict[str, float]:
+    """:func:`vote_macro_f1` at every epsilon, the documents' votes counted once."""
+    deviations = [vote.deviations(document) for document in documents]
+    scores = {}
+    for epsilon in epsilons:
+        confusion = np.zeros((vote.classes, vote.classes))
+        for devs, label in zip(deviations, truth, strict=True):
+            confusion[label] += np.exp(vote_log_probs(devs, epsilon))
+        scores[f"{epsilon:g}"] = soft_macro_f1(confusion)
+    return scores
 
 
 def train_vote(
@@ -87,7 +101,7 @@ def train_vote(
         fitted = _as_vote(model.coef_, model.intercept_)
         for temperature in TEMPERATURES:
             vote = SentenceVote(fitted.weights / temperature, fitted.bias / temperature)
-            scores = {f"{e:g}": vote_macro_f1(vote, documents, truth, e) for e in epsilons}
+            scores = vote_scores(vote, documents, truth, epsilons)
             if best is None or np.mean(list(scores.values())) > np.mean(
                 list(best.validation_macro_f1.values())
             ):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from sentdp.accounting import MICRO
+from sentdp.bundle import Bundle
 from sentdp.text import TextLimits
 from service.charging import ChargedRequest, Charging, Reply, work_cost
 from service.idempotency import BodySigner
@@ -42,6 +43,7 @@ def charging(
     max_documents: int = 4,
     inflight: int = 60,
     start_timeout: float = 30.0,
+    bundle: Bundle = BUNDLE,
 ) -> Charging:
     limits = Limits(
         max_documents,
@@ -51,7 +53,7 @@ def charging(
         tenant_inflight_tokens=inflight,
         start_timeout=start_timeout,
     )
-    return Charging(BUNDLE, VERSION, ledger, worker, limits, BodySigner(b"k" * 32))
+    return Charging(bundle, VERSION, ledger, worker, limits, BodySigner(b"k" * 32))
 
 
 def request(
@@ -125,9 +127,7 @@ def test_classify_draws_the_vote_where_the_bundle_says_so_and_releases_the_label
 ) -> None:
     bundle = tiny_bundle(vote=True)
     worker = FakeWorker(bundle)
-    flow = Charging(
-        bundle, VERSION, ledger, worker, charging(ledger, worker).limits, BodySigner(b"k" * 32)
-    )
+    flow = charging(ledger, worker, bundle=bundle)
     two = [{"text": TEXT}, {"sentences": ["One.", "Two."]}]
     reply, body = run(flow, request(epsilon=1.0, with_labels=True, documents=two))
     assert reply.status == 200, body
@@ -153,9 +153,7 @@ def test_the_vote_of_a_request_follows_its_exact_distribution(ledger: SqlLedger)
 
     bundle = tiny_bundle(vote=True)
     worker = FakeWorker(bundle)
-    flow = Charging(
-        bundle, VERSION, ledger, worker, charging(ledger, worker).limits, BodySigner(b"k" * 32)
-    )
+    flow = charging(ledger, worker, bundle=bundle)
     sentences = ["Shares fell.", "The match was won.", "A new phone."]
     counts = dict.fromkeys(bundle.labels, 0)
     for n in range(400):
