@@ -7,20 +7,23 @@ validation at training time). The paper's recipe is a single variant; task-tuned
 compact, label-specific variants. Candidate ids are global across variants: variant v owns
 ids ``offset_v .. offset_v + m_v - 1``.
 
-Layout (format version 1)::
+Layout (format versions 1 and 2)::
 
     manifest.json                   BundleManifest
     encoder/                        the sentence-transformers files of G (self-contained)
     classifier_nonpriv.*            C_nonpriv on plain G document means (a baseline)
     variants/<name>/mechanism.safetensors   candidates (m, d'), directions (p_max, d'),
                                             candidate_class_probs (m, r)
-    variants/<name>/recoder.*       H (absent when G' = G)
+    variants/<name>/recoder.*       H (absent when G' = G, or when the variant shares an
+                                    earlier variant's H: ``recoder_from``, prototype variants)
     variants/<name>/classifier_dc.* C_dc on recoded means (absent for label-tuned variants)
     label_vote.safetensors          SentenceVote's per-sentence classifier: weights (r, d),
                                     bias (r,) (absent in bundles that predate it)
 
 Compatibility promise: manifest fields are never removed and never change meaning; new fields
-are optional. A reader refuses a bundle whose ``format_version`` it does not know.
+are optional. A reader refuses a bundle whose ``format_version`` it does not know. Version 2
+adds variants that share an earlier variant's H (``recoder_from``): a version-1 reader would
+ignore that field and run such a variant without its H, so these bundles say version 2.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from sentdp.errors import InputError
 from sentdp.labels import SentenceVote
 from sentdp.mechanism import DeepCandidate
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest format this sentdp reads and writes (bundles without shared H stay version 1)."""
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 MECHANISM_FILE = "mechanism.safetensors"
 VOTE_FILE = "label_vote.safetensors"
@@ -99,6 +104,10 @@ class VariantRecord(BaseModel):
     labels_from: str
     """How candidates got their class: "classifier" (C_dc) or "head" (the label-tuned head)."""
     recoder: dict[str, Any] | None = None
+    recoder_from: str | None = None
+    """The earlier variant whose H this one shares (prototype variants), stored once there."""
+    prototypes: dict[str, Any] | None = None
+    """For a prototype variant: whose candidates its centres summarise, and how."""
 
     @field_validator("name")
     @classmethod
@@ -114,7 +123,7 @@ class BundleManifest(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     format: Literal["sentdp-bundle"] = "sentdp-bundle"
-    format_version: int = FORMAT_VERSION
+    format_version: int = 1
     name: str
     recipe: str
     created: str
@@ -130,10 +139,10 @@ class BundleManifest(BaseModel):
     @field_validator("format_version")
     @classmethod
     def _known_version(cls, value: int) -> int:
-        if value != FORMAT_VERSION:
+        if value not in READABLE_VERSIONS:
             raise ValueError(
                 f"bundle format version {value} is not supported (this sentdp reads "
-                f"{FORMAT_VERSION}); use a matching sentdp release"
+                f"{', '.join(map(str, READABLE_VERSIONS))}); use a matching sentdp release"
             )
         return value
 
@@ -155,6 +164,18 @@ class BundleManifest(BaseModel):
                 raise ValueError(f"variant {variant.name} should start at candidate id {offset}")
             offset += variant.candidates
         by_name = {v.name: v for v in self.variants}
+        if self.format_version < 2 and any(v.recoder_from for v in self.variants):
+            raise ValueError("variants that share an H need bundle format version 2")
+        for index, variant in enumerate(self.variants):
+            if variant.recoder_from is None:
+                continue
+            earlier = {v.name: v for v in self.variants[:index]}
+            base = earlier.get(variant.recoder_from)
+            if base is None or base.recoder_from is not None or base.dim != variant.dim:
+                raise ValueError(
+                    f"variant {variant.name} shares H with {variant.recoder_from!r}, which must "
+                    "be an earlier variant of the same dimension with an H of its own"
+                )
         for choice in self.p_table:
             if choice.variant not in by_name:
                 raise ValueError(f"the p table names an unknown variant {choice.variant!r}")
@@ -228,12 +249,14 @@ class Variant:
             },
             str(directory / MECHANISM_FILE),
         )
-        for name, mlp in (("recoder", self.recoder), ("classifier_dc", self.classifier_dc)):
+        own_recoder = self.recoder if self.record.recoder_from is None else None
+        for name, mlp in (("recoder", own_recoder), ("classifier_dc", self.classifier_dc)):
             if mlp is not None:
                 mlp.save(directory, name)
 
     @classmethod
-    def load(cls, directory: Path, record: VariantRecord) -> Variant:
+    def load(cls, directory: Path, record: VariantRecord, shared: MLP | None = None) -> Variant:
+        """Read a variant; ``shared`` is the H of ``record.recoder_from`` when it has one."""
         from safetensors.numpy import load_file
 
         arrays = load_file(str(directory / MECHANISM_FILE))
@@ -242,7 +265,7 @@ class Variant:
             candidates=arrays["candidates"],
             directions=arrays["directions"],
             candidate_class_probs=arrays["candidate_class_probs"],
-            recoder=_optional_mlp(directory, "recoder"),
+            recoder=shared if record.recoder_from else _optional_mlp(directory, "recoder"),
             classifier_dc=_optional_mlp(directory, "classifier_dc"),
         )
 
@@ -272,6 +295,11 @@ class Bundle:
             raise InputError("the vote classifier does not match the bundle's labels")
         if self.vote is None and any(c.label == "vote" for c in self.manifest.p_table):
             raise InputError("the p table asks for the vote, but the bundle has no vote")
+        by_name = {v.record.name: v for v in self.variants}
+        for variant in self.variants:
+            source = variant.record.recoder_from
+            if source is not None and variant.recoder is not by_name[source].recoder:
+                raise InputError(f"variant {variant.record.name} must share {source}'s H")
 
     @property
     def labels(self) -> list[str]:
@@ -322,10 +350,13 @@ class Bundle:
             manifest = BundleManifest.model_validate(json.loads(manifest_path.read_text()))
         except ValueError as error:
             raise InputError(f"cannot read the bundle manifest in {directory}: {error}") from error
-        variants = tuple(
-            Variant.load(directory / VARIANTS_DIR / record.name, record)
-            for record in manifest.variants
-        )
+        loaded: dict[str, Variant] = {}
+        for record in manifest.variants:
+            shared = loaded[record.recoder_from].recoder if record.recoder_from else None
+            loaded[record.name] = Variant.load(
+                directory / VARIANTS_DIR / record.name, record, shared
+            )
+        variants = tuple(loaded.values())
         return cls(
             manifest=manifest,
             variants=variants,

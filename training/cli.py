@@ -53,6 +53,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="dimensions of the label-tuned variants (default 1 2 4 for two classes, else 2 4 8)",
     )
     parser.add_argument(
+        "--prototypes",
+        type=int,
+        nargs="*",
+        default=list(DEFAULTS["prototypes"]),
+        metavar="K",
+        help="per-class sizes of the smaller candidate sets (k-means prototypes) made for every "
+        "variant except with the paper recipe; none with the flag alone (default %(default)s)",
+    )
+    parser.add_argument(
         "--clusters",
         type=int,
         default=DEFAULTS["n_clusters"],
@@ -86,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         seed=args.seed,
         recipe=args.recipe,
         label_dims=tuple(args.label_dims) if args.label_dims else None,
+        prototypes=tuple(args.prototypes),
         n_clusters=args.clusters,
         max_candidates=args.candidates,
         per_class=args.per_class,

@@ -10,9 +10,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from rich.console import Console
 
-from sentdp.bundle import Bundle, BundleManifest, CorpusRecord, PChoice, Variant
+from sentdp.bundle import (
+    FORMAT_VERSION,
+    Bundle,
+    BundleManifest,
+    CorpusRecord,
+    PChoice,
+    Variant,
+)
 from sentdp.encoders import SentenceEncoder, recode
 from sentdp.text import SentenceSplitter, TextLimits
 from training.candidates import choose_candidates
@@ -23,6 +31,7 @@ from training.embeddings import CorpusEmbeddings, embed_corpus
 from training.label_vote import train_vote, with_label_choice
 from training.nets import seed_everything
 from training.p_selection import DEFAULT_EPSILONS, DEFAULT_PS, Option, choose_p
+from training.prototypes import DEFAULT_PER_CLASS, prototype_variants
 from training.settings import TrainingSettings
 from training.store import save_to_store
 from training.variants import (
@@ -60,6 +69,9 @@ class TrainConfig:
     recipe: str = "paper"
     label_dims: tuple[int, ...] | None = None
     """Sizes of the label-tuned variants (default: 1, 2, 4 for two classes, else 2, 4, 8)."""
+    prototypes: tuple[int, ...] = DEFAULT_PER_CLASS
+    """Per-class sizes of prototype variants, made for every variant of every recipe but the
+    paper's, which stays the reference as published."""
     corpus_is_public: bool = False
     text_column: str = "text"
     label_column: str = "label"
@@ -201,8 +213,9 @@ def build_bundle(
         config.max_epochs,
     )
     specs = specs_for(config.recipe, config.label_dims or default_label_dims(data.n_classes))
-    variants, variant_scores = train_variants(specs, data, console)
-    p_table, grid = choose_ps(specs, variants, data, config)
+    made, variant_scores = train_variants(specs, data, console)
+    variants = [v for v, _ in made]
+    p_table, grid = choose_ps(made, data, config)
     vote = train_vote(
         data.embeddings, data.y, data.train, data.validation, config.epsilons, config.seed
     )
@@ -259,38 +272,51 @@ def training_data(
             embeddings, list(splits.train), config.max_candidates, config.seed
         ),
         p_max=config.p_max,
+        prototypes=() if config.recipe == "paper" else config.prototypes,
     )
 
 
 def train_variants(
     specs: list[VariantSpec], data: TrainingData, console: Console
-) -> tuple[list[Variant], dict[str, Any]]:
-    """Each variant in turn, its candidates placed after the previous variants' in F."""
-    variants: list[Variant] = []
+) -> tuple[list[tuple[Variant, VariantSpec]], dict[str, Any]]:
+    """Each variant in turn, then its prototype variants, every one's candidates placed after
+    the previous ones' in F. Each comes with the spec it was made from."""
+    variants: list[tuple[Variant, VariantSpec]] = []
     scores: dict[str, Any] = {}
     offset = 0
+    classes = data.y[data.candidate_docs]
     for spec in specs:
         variant, trained = build_variant(spec, data, offset, console)
-        variants.append(variant)
-        scores[spec.name] = trained
         offset += variant.record.candidates
+        made = prototype_variants(variant, classes, data.prototypes, offset, data.seed)
+        offset += sum(p.record.candidates for p in made)
+        variants.extend((v, spec) for v in [variant, *made])
+        scores[spec.name] = trained
     return variants, scores
 
 
 def choose_ps(
-    specs: list[VariantSpec], variants: list[Variant], data: TrainingData, config: TrainConfig
+    variants: list[tuple[Variant, VariantSpec]], data: TrainingData, config: TrainConfig
 ) -> tuple[list[PChoice], dict[str, dict[str, list[float]]]]:
-    """The (variant, p) of best expected validation macro-F1 for every epsilon of the grid."""
-    options = [
-        Option(
-            variant=v.record.name,
-            mechanism=v.mechanism(),
-            documents=[recode(v.recoder, data.embeddings.document(i)) for i in data.validation],
-            candidate_labels=v.candidate_labels(),
-            ps=spec.ps(config.ps),
+    """The (variant, p) of best expected validation macro-F1 for every epsilon of the grid.
+    Validation documents are recoded once per H (prototype variants share their base's)."""
+    recoded: dict[str, list[npt.NDArray[np.float64]]] = {}
+    options = []
+    for v, spec in variants:
+        owner = v.record.recoder_from or v.record.name
+        if owner not in recoded:
+            recoded[owner] = [
+                recode(v.recoder, data.embeddings.document(i)) for i in data.validation
+            ]
+        options.append(
+            Option(
+                variant=v.record.name,
+                mechanism=v.mechanism(),
+                documents=recoded[owner],
+                candidate_labels=v.candidate_labels(),
+                ps=spec.ps(config.ps),
+            )
         )
-        for v, spec in zip(variants, specs, strict=True)
-    ]
     truth = list(data.y[data.validation])
     return choose_p(options, truth, data.n_classes, config.epsilons)
 
@@ -308,6 +334,7 @@ def bundle_manifest(
 ) -> BundleManifest:
     """Everything needed to load, audit and reproduce the bundle."""
     return BundleManifest(
+        format_version=FORMAT_VERSION if any(v.record.recoder_from for v in variants) else 1,
         name=model_name(config, corpus),
         recipe=config.recipe,
         created=datetime.now(UTC).isoformat(timespec="seconds"),

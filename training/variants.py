@@ -85,6 +85,8 @@ class TrainingData:
     candidate_docs: list[int]
     """The public documents behind F (shared by every variant: their ids go in the manifest)."""
     p_max: int
+    prototypes: tuple[int, ...] = ()
+    """Per-class sizes of the prototype variants made of each variant (none: the paper's)."""
 
 
 def build_variant(

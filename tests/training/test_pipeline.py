@@ -64,7 +64,9 @@ def test_candidates_are_the_recoded_means_of_their_public_documents(
         assert len(document.sentences) >= 8
         sentences = encoder.encode(list(document.sentences))
         mean = recode(variant.recoder, sentences).mean(axis=0)
-        np.testing.assert_allclose(variant.candidates[position], mean, rtol=0, atol=1e-9)
+        # Training encoded the corpus in large batches; on CPUs whose kernels vary with the
+        # batch (about 2e-7 in G) the means then differ slightly from a re-encoding.
+        np.testing.assert_allclose(variant.candidates[position], mean, rtol=0, atol=1e-6)
 
 
 def test_retraining_with_the_same_seed_is_byte_identical(
@@ -99,9 +101,16 @@ def test_a_user_csv_trains_only_when_declared_public(tmp_path: Path) -> None:
         run_training(config, load_settings())
     report = run_training(dataclasses.replace(config, corpus_is_public=True), load_settings())
     assert report.bundle.labels == ["sports", "tech"]
-    assert [v.record.name for v in report.bundle.variants] == ["paper", "label-2d", "vote-2d"]
-    assert report.bundle.variants[1].candidates.shape[1] == 2
-    assert report.bundle.variants[1].record.offset == report.bundle.variants[0].record.candidates
+    # Each variant is followed by its prototypes: 1, 4 and 16 per class.
+    names = [v.record.name for v in report.bundle.variants]
+    assert names == [
+        f"{base}{suffix}"
+        for base in ("paper", "label-2d", "vote-2d")
+        for suffix in ("", "-k1", "-k4", "-k16")
+    ]
+    label = report.bundle.variant("label-2d")
+    assert label.candidates.shape[1] == 2
+    assert label.record.offset == sum(v.record.candidates for v in report.bundle.variants[:4])
     assert report.tag.startswith("sentdp-mine-quick30-mixed:")
 
 
