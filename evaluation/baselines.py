@@ -8,8 +8,11 @@
   widths are equal, and never smaller in total).
 * Word-level metric DP (Feyisetan et al. 2020): every word's GloVe vector gets noise with
   density proportional to ``exp(-epsilon * ||z||)`` (a uniform direction, a Gamma(n, 1/epsilon)
-  length) and becomes the nearest word of a frequency-limited vocabulary. This is a weaker,
-  word-level guarantee than SentDP at the same epsilon.
+  length) and becomes the nearest word of a frequency-limited vocabulary. Words GloVe lacks
+  all start from one point, the mean GloVe vector, and are randomised like the others:
+  passing them through would publish exactly the rare words (names, numbers, typos) that
+  identify a writer, and flatter the baseline. This is a weaker, word-level guarantee than
+  SentDP at the same epsilon.
 """
 
 from __future__ import annotations
@@ -66,7 +69,9 @@ class WordMetricDP:
     """Feyisetan et al.'s multivariate Laplace mechanism over GloVe, nearest-word decoding.
 
     ``vectors`` (V, n) and ``words`` (V,) are the embedding table; decoding searches only the
-    ``output_vocabulary`` most frequent words. Words absent from GloVe are kept as they are.
+    ``output_vocabulary`` most frequent words. Every word absent from the table is embedded
+    as the same vector, the table's mean, so all unknown words are indistinguishable from one
+    another and each is randomised like a known word.
     """
 
     def __init__(self, vectors: npt.ArrayLike, words: list[str], output_vocabulary: int) -> None:
@@ -77,6 +82,15 @@ class WordMetricDP:
         self.output = np.ascontiguousarray(table[:output_vocabulary])
         self.output_norms = (self.output.astype(np.float64) ** 2).sum(axis=1)
         self.dim = table.shape[1]
+        self.unknown: FloatArray = table.astype(np.float64).mean(axis=0)
+
+    def vector(self, word: str) -> FloatArray:
+        """The word's GloVe vector, or the shared unknown-word vector."""
+        index = self.index.get(word)
+        if index is None:
+            return self.unknown
+        result: FloatArray = self.table[index].astype(np.float64)
+        return result
 
     def noise(self, count: int, epsilon: float, rng: np.random.Generator) -> FloatArray:
         direction = rng.standard_normal((count, self.dim))
@@ -88,16 +102,16 @@ class WordMetricDP:
     def randomize(
         self, sentences: list[str], epsilon: float, rng: np.random.Generator
     ) -> list[str]:
-        """Every known word replaced by the nearest vocabulary word to its noisy vector."""
+        """Every word replaced by the nearest vocabulary word to its noisy vector."""
         tokens = [tokenize_words(s) for s in sentences]
-        known = [(i, j) for i, ts in enumerate(tokens) for j, t in enumerate(ts) if t in self.index]
-        if known:
-            base = self.table[[self.index[tokens[i][j]] for i, j in known]].astype(np.float64)
-            noisy = base + self.noise(len(known), epsilon, rng)
+        places = [(i, j) for i, ts in enumerate(tokens) for j in range(len(ts))]
+        if places:
+            base = np.stack([self.vector(tokens[i][j]) for i, j in places])
+            noisy = base + self.noise(len(places), epsilon, rng)
             scores = noisy.astype(np.float32) @ self.output.T  # (n, V)
             distances = self.output_norms[None, :] - 2.0 * scores
             nearest = np.argmin(distances, axis=1)
-            for (i, j), word in zip(known, nearest, strict=True):
+            for (i, j), word in zip(places, nearest, strict=True):
                 tokens[i][j] = self.words[int(word)]
         return [" ".join(ts) if ts else s for ts, s in zip(tokens, sentences, strict=True)]
 

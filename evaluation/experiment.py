@@ -311,7 +311,8 @@ class Experiment:
             f"word-level metric DP: {len(scored)} of {len(self.test)} test documents "
             "(re-encoding every randomised document is the slow part), output vocabulary = "
             f"the {self.config.mdp_vocabulary} most frequent GloVe words, words absent from "
-            "GloVe kept unchanged"
+            "GloVe randomised from the mean GloVe vector (not kept), GloVe 6B 50-d: no 300-d "
+            "GloVe reaches this machine through a package registry"
         )
         classifier = self.bundle.classifier_nonpriv
         assert classifier is not None
