@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from sentdp.blas import one_blas_thread
 from sentdp.errors import InputError
 
 PROJECTION_BLOCK_ROWS = 64
@@ -42,8 +43,9 @@ FloatArray = npt.NDArray[np.float64]
 def project(x: npt.ArrayLike, directions: npt.ArrayLike) -> FloatArray:
     """Return ``x @ directions.T`` in float64, each row computed independently of the others.
 
-    Rows are processed in zero-padded blocks of :data:`PROJECTION_BLOCK_ROWS`, so the BLAS call
-    always has the same shape and a row's bits do not depend on how many rows come with it.
+    Rows are processed in zero-padded blocks of :data:`PROJECTION_BLOCK_ROWS` on one BLAS
+    thread, so the BLAS call always has the same shape and split, and a row's bits do not
+    depend on how many rows come with it.
     """
     xs = np.ascontiguousarray(x, dtype=np.float64)
     vt = np.ascontiguousarray(np.asarray(directions, dtype=np.float64).T)
@@ -55,11 +57,12 @@ def project(x: npt.ArrayLike, directions: npt.ArrayLike) -> FloatArray:
     n = xs.shape[0]
     out = np.empty((n, vt.shape[1]), dtype=np.float64)
     block = np.zeros((PROJECTION_BLOCK_ROWS, xs.shape[1]), dtype=np.float64)
-    for start in range(0, n, PROJECTION_BLOCK_ROWS):
-        rows = xs[start : start + PROJECTION_BLOCK_ROWS]
-        block[: len(rows)] = rows
-        block[len(rows) :] = 0.0
-        out[start : start + len(rows)] = (block @ vt)[: len(rows)]
+    with one_blas_thread():
+        for start in range(0, n, PROJECTION_BLOCK_ROWS):
+            rows = xs[start : start + PROJECTION_BLOCK_ROWS]
+            block[: len(rows)] = rows
+            block[len(rows) :] = 0.0
+            out[start : start + len(rows)] = (block @ vt)[: len(rows)]
     return out
 
 

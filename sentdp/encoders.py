@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from sentdp.blas import one_blas_thread
 from sentdp.errors import InputError
 
 LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -219,23 +220,25 @@ class MLP:
         return int(self.weights[-1].shape[1])
 
     def __call__(self, x: npt.ArrayLike) -> FloatArray:
-        """Apply to rows of ``x`` in zero-padded blocks of fixed shape (row-independent bits)."""
+        """Apply to rows of ``x`` in zero-padded blocks of fixed shape on one BLAS thread
+        (row-independent bits)."""
         xs = np.asarray(x, dtype=np.float64)
         if xs.ndim != 2 or xs.shape[1] != self.input_dim:
             raise InputError(f"expected rows of size {self.input_dim}, got an array {xs.shape}")
         out = np.empty((xs.shape[0], self.output_dim), dtype=np.float64)
         block = np.zeros((MLP_BLOCK_ROWS, self.input_dim), dtype=np.float64)
         last = len(self.weights) - 1
-        for start in range(0, xs.shape[0], MLP_BLOCK_ROWS):
-            rows = xs[start : start + MLP_BLOCK_ROWS]
-            block[: len(rows)] = rows
-            block[len(rows) :] = 0.0
-            h = block
-            for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-                h = h @ w + b
-                if i < last:
-                    np.maximum(h, 0.0, out=h)
-            out[start : start + len(rows)] = h[: len(rows)]
+        with one_blas_thread():
+            for start in range(0, xs.shape[0], MLP_BLOCK_ROWS):
+                rows = xs[start : start + MLP_BLOCK_ROWS]
+                block[: len(rows)] = rows
+                block[len(rows) :] = 0.0
+                h = block
+                for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+                    h = h @ w + b
+                    if i < last:
+                        np.maximum(h, 0.0, out=h)
+                out[start : start + len(rows)] = h[: len(rows)]
         return out
 
     def save(self, directory: Path, name: str) -> None:

@@ -48,12 +48,15 @@ def test_unbucketed_encoding_is_not_batch_independent_which_is_why_buckets_exist
     assert np.abs(alone - mixed).max() > 0
 
 
-def test_the_start_up_check_passes_on_the_cpu_with_and_without_fixed_batches(encoder) -> None:
+def test_fixed_batches_pass_the_start_up_check_on_the_cpu(encoder) -> None:
+    """Plain length-bucketed batches are invariant on some CPUs but not on others (AVX-512
+    kernels vary with the batch's row count, by about 2e-7); the worker checks at start-up
+    and switches to fixed batches, which must pass everywhere."""
     probes = INVARIANCE_PROBES[:4]
-    assert batch_invariance_violations(encoder, probes, batch_sizes=(2, 5)) == []
     fixed = SentenceEncoder(encoder.path, "cpu", batch_size=4, fixed_batch=True)
     assert batch_invariance_violations(fixed, probes, batch_sizes=(2, 5)) == []
-    np.testing.assert_array_equal(fixed.encode([TARGET]), encoder.encode([TARGET]))
+    alone = fixed.encode([TARGET])[0]
+    np.testing.assert_array_equal(fixed.encode([*LONGER, TARGET, *LONGER])[len(LONGER)], alone)
 
 
 def test_the_start_up_check_catches_an_encoder_that_depends_on_its_batch(
