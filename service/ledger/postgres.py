@@ -7,6 +7,7 @@ the check-and-debit stays atomic; idempotency rows are locked with ``SELECT ... 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,7 +32,13 @@ class PostgresLedger(SqlLedger):
         import psycopg
 
         conn = psycopg.connect(self.url, autocommit=True)
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
+        exists = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
+        if conn.execute(exists, (self.schema,)).fetchone() is None:
+            # Replicas starting together: concurrent CREATE ... IF NOT EXISTS can still fail
+            # on PostgreSQL's catalog indexes, so schema changes take turns.
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._schema_lock_key(),))
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
         conn.execute(f"SET search_path TO {self.schema}")
         conn.autocommit = False
         return conn
@@ -40,6 +47,13 @@ class PostgresLedger(SqlLedger):
     def _write_transaction(self, conn: Any) -> Iterator[Any]:
         with conn.transaction(), conn.cursor() as cursor:
             yield cursor
+
+    def _schema_lock_key(self) -> int:
+        digest = hashlib.sha256(f"sentdp schema {self.schema}".encode()).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
+
+    def _serialise_schema_changes(self, cur: Any) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._schema_lock_key(),))
 
     def _lock_clause(self) -> str:
         return " FOR UPDATE"

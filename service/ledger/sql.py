@@ -148,6 +148,7 @@ class SqlLedger(abc.ABC):
     def initialise(self) -> None:
         """Create or upgrade the tables and record the schema version (idempotent)."""
         with self.transaction() as cur:
+            self._serialise_schema_changes(cur)
             for statement in create_tables(self.autoincrement):
                 self._execute(cur, statement)
             for table, column, kind in ADDED_COLUMNS:
@@ -158,6 +159,10 @@ class SqlLedger(abc.ABC):
             for statement in INDEXES:
                 self._execute(cur, statement)
             self._execute(cur, RECORD_VERSION, {"v": str(SCHEMA_VERSION)})
+
+    def _serialise_schema_changes(self, cur: Any) -> None:
+        """Make replicas that initialise together take turns (SQLite's write lock does)."""
+        return None
 
     def legacy_hmac_secret(self) -> bytes | None:
         """The body-HMAC secret that schema version 1 kept in the database, if still there."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,10 +41,23 @@ class SqliteLedger(SqlLedger):
         conn = sqlite3.connect(
             self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=True
         )
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        self._use_wal(conn)
+        conn.execute("PRAGMA synchronous=FULL")
         return conn
+
+    def _use_wal(self, conn: Any) -> None:
+        """Switch a new file to WAL. The switch needs the file to itself and SQLite does not
+        wait for it, so processes opening a fresh ledger together retry until busy_timeout."""
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def _columns(self, cur: Any, table: str) -> set[str]:
         return {str(row[1]) for row in cur.execute(f"PRAGMA table_info({table})").fetchall()}

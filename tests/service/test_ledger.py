@@ -339,3 +339,21 @@ def test_a_new_sqlite_ledger_file_is_private(tmp_path: Path) -> None:
     for path in (tmp_path / "state").iterdir():
         assert path.stat().st_mode & 0o077 == 0, path  # the -wal and -shm files too
     ledger.close()
+
+
+def test_replicas_starting_together_initialise_one_fresh_ledger(ledger_url) -> None:
+    """Eight processes' worth of first connections at once, on a schema that does not exist
+    yet: every one opens the ledger (PostgreSQL's concurrent CREATE ... IF NOT EXISTS fails on
+    its catalog indexes unless schema changes take turns)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    url, schema = ledger_url
+    barrier = Barrier(8)
+
+    def start(_: int) -> int:
+        barrier.wait()
+        return open_ledger(url, schema).account("t", "u").spent_micro
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(start, range(8))) == [0] * 8
