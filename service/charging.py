@@ -12,8 +12,10 @@ framework, so it can be read in one place and tested with a real ledger and a fa
   randomness; a :class:`WorkerOutcomeUnknownError` means some may have.
 * **settle**: sampled documents' charges become final; documents that certainly drew no
   randomness are refunded; the response is stored under the key (or the key released when
-  nothing was sampled, so that a retry can run). A charge is never refunded after sampling:
-  the refund would depend on the chosen candidate and leak it through the budget.
+  nothing was sampled, so that a retry can run). A failure after the mechanism may have run
+  stores its error under the key too: a retry replays it and is not charged again. A charge
+  is never refunded after sampling: the refund would depend on the chosen candidate and leak
+  it through the budget.
 """
 
 from __future__ import annotations
@@ -322,9 +324,12 @@ class Charging:
         try:
             results = await self._run(request, work)
         except WorkerOutcomeUnknownError as unknown:
-            # Some documents may have sampled: every charge is final, the key is released.
-            await self._settle(request, admission, reserved.charge_ids, [], None)
-            raise ApiError(unknown.code, str(unknown)) from None
+            # Some documents may have sampled: every charge is final, and the error is stored
+            # under the key, so a retry with the same key replays it instead of charging again.
+            error = ApiError(unknown.code, str(unknown))
+            failed = Reply(error.status, error.json())
+            await self._settle(request, admission, reserved.charge_ids, [], failed)
+            raise error from None
         final = [i.charge_id for i, r in zip(items, results, strict=True) if r.sampled]
         refund = [i.charge_id for i, r in zip(items, results, strict=True) if not r.sampled]
         reply = self._reply(request, admission, reserved, results)

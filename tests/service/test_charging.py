@@ -220,6 +220,23 @@ def test_a_worker_failure_after_sampling_keeps_every_charge(ledger: SqlLedger) -
     assert_never_refunded_after_sampling(ledger, worker)
 
 
+def test_a_retry_after_a_failure_after_sampling_replays_it_and_costs_nothing(
+    ledger: SqlLedger,
+) -> None:
+    """A client that retries (same key) after a lost or failed answer must not pay twice: the
+    error is stored under the key when the mechanism may have run."""
+    worker = FakeWorker(BUNDLE, mode="after")
+    flow = charging(ledger, worker)
+    first, body = run(flow, request(idempotency_key="k9", documents=[{"text": TEXT}]))
+    worker.mode = "ok"
+    again, again_body = run(flow, request(idempotency_key="k9", documents=[{"text": TEXT}]))
+    assert (first.status, again.status) == (500, 500)
+    assert again.replayed
+    assert again_body == body
+    assert worker.calls == 1
+    assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
+
+
 def test_one_unsampled_item_refunds_only_itself(ledger: SqlLedger) -> None:
     worker = FakeWorker(BUNDLE, mode="partial")
     reply, body = run(charging(ledger, worker), request(documents=[{"text": TEXT}] * 3))

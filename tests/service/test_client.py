@@ -1,0 +1,154 @@
+"""The Python client against a real server: typed answers, retries that reuse the key,
+refusals as exceptions, and the README's example run as a backend engineer would."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from sentdp_client import (
+    AuthenticationError,
+    BudgetExhaustedError,
+    Client,
+    Document,
+    InvalidRequestError,
+    OutcomeUnknownError,
+    UnavailableError,
+)
+from tests.support import TENANTS, ledger_of
+
+pytestmark = pytest.mark.server
+ACME, TINY = TENANTS[0], TENANTS[2]
+BBC_LABELS = ("business", "entertainment", "politics", "sports", "tech")
+TEXT = "The match ended late. The home side won. Fans sang in the rain."
+
+
+def test_privatize_classify_budget_and_a_replay_that_costs_nothing(server) -> None:
+    with Client(server.url, ACME.key) as sentdp:
+        first = sentdp.privatize(
+            "c-user", 2.0, [TEXT, ["One sentence.", "Two."]], idempotency_key="c-1"
+        )
+        again = sentdp.privatize(
+            "c-user", 2.0, [TEXT, ["One sentence.", "Two."]], idempotency_key="c-1"
+        )
+        assert [d.k for d in first.documents] == [3, 2]
+        assert all(len(d.embedding or []) == 384 for d in first.documents)
+        assert first.budget.spent_epsilon == pytest.approx(4.0)
+        assert (first.replayed, again.replayed) == (False, True)
+        assert [d.candidate for d in again.documents] == [d.candidate for d in first.documents]
+        assert sentdp.budget("c-user").spent_epsilon == pytest.approx(4.0)
+        labelled = sentdp.classify("c-user", 1.0, [Document(text=TEXT)])
+        assert labelled.documents[0].label in BBC_LABELS
+        candidate = first.documents[0].candidate
+        assert candidate is not None
+        free = sentdp.labels(first.model, [candidate])
+        assert set(free) == {candidate}
+        assert sentdp.budget("c-user").spent_epsilon == pytest.approx(5.0)
+
+
+def test_refusals_are_typed_exceptions(server) -> None:
+    with Client(server.url, TINY.key) as tiny:
+        with pytest.raises(InvalidRequestError) as invalid:
+            tiny.privatize("c-user", 5.0, [TEXT])  # above the tenant's maximum epsilon
+        assert (invalid.value.status, invalid.value.code) == (400, "invalid_epsilon")
+    with Client(server.url, TENANTS[3].key) as broke, pytest.raises(BudgetExhaustedError) as no:
+        broke.privatize("c-user", 1.0, [TEXT])
+    assert no.value.remaining == 0.0
+    with Client(server.url, "sdp_wrong", retries=0) as wrong, pytest.raises(AuthenticationError):
+        wrong.budget("c-user")
+    with Client(server.url, ACME.key) as sentdp, pytest.raises(TypeError, match="wrap"):
+        sentdp.privatize("c-user", 1.0, TEXT)  # type: ignore[arg-type]
+
+
+def test_a_refunded_503_is_retried_with_the_same_key_and_never_charged(server) -> None:
+    sentdp = Client(server.url, ACME.key, retries=2, backoff=0.05)
+    with sentdp, pytest.raises(UnavailableError) as failed:
+        sentdp.privatize("r-user", 1.0, [["FAULT:before", "x"]], idempotency_key="r-1")
+    assert failed.value.status == 503
+    charges = [c for c in ledger_of(server).charges("acme") if c["user"] == "r-user"]
+    assert [c["state"] for c in charges] == ["refunded"] * 3  # the first try and two retries
+    assert ledger_of(server).account("acme", "r-user").spent_micro == 0
+
+
+def test_a_failure_after_sampling_is_not_retried(server) -> None:
+    sentdp = Client(server.url, ACME.key, retries=3, backoff=0.05)
+    with sentdp, pytest.raises(OutcomeUnknownError) as lost:
+        sentdp.privatize("s-user", 1.0, [["FAULT:after", "x"]])
+    assert lost.value.code == "mechanism_failed"
+    charges = [c for c in ledger_of(server).charges("acme") if c["user"] == "s-user"]
+    assert len(charges) == 1  # one charge: the client did not spend the budget again
+
+
+def test_connection_failures_and_429_are_retried_with_one_key() -> None:
+    """The retry policy on an in-process transport: a dropped connection, then 429, then
+    200; every attempt carries the same Idempotency-Key."""
+    keys: list[str | None] = []
+    answers = iter(["drop", 429, 200])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers.get("idempotency-key"))
+        answer = next(answers)
+        if answer == "drop":
+            raise httpx.ConnectError("connection reset", request=request)
+        if answer == 429:
+            return httpx.Response(429, json={"error": {"code": "tenant_busy", "message": "busy"}})
+        budget = {
+            "user": "u", "spent_epsilon": 1.0, "limit": 10.0, "remaining": 9.0,
+            "remaining_epsilon": 9.0, "group_size": 1,
+        }  # fmt: skip
+        return httpx.Response(
+            200,
+            json={"model": "m:1", "documents": [{"k": 2, "epsilon": 1.0}], "budget": budget},
+        )
+
+    transport = httpx.MockTransport(handler)
+    with Client("http://sentdp", "key", backoff=0.0, transport=transport) as sentdp:
+        release = sentdp.privatize("u", 1.0, ["A. B."])
+    assert release.budget.remaining == 9.0
+    assert len(keys) == 3
+    assert len(set(keys)) == 1
+    assert keys[0] == release.idempotency_key
+
+
+def test_a_proxy_timeout_is_retried_under_one_key_then_reported_with_it() -> None:
+    keys: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers.get("idempotency-key"))
+        return httpx.Response(504, text="<html>gateway timeout</html>")
+
+    transport = httpx.MockTransport(handler)
+    sentdp = Client("http://sentdp", "key", retries=2, backoff=0.0, transport=transport)
+    with sentdp, pytest.raises(OutcomeUnknownError) as unknown:
+        sentdp.privatize("u", 1.0, ["A. B."], idempotency_key="k-504")
+    assert keys == ["k-504"] * 3
+    assert unknown.value.idempotency_key == "k-504"
+    assert unknown.value.status == 504
+
+    def unreachable(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    refused = Client(
+        "http://sentdp", "key", retries=1, backoff=0.0, transport=httpx.MockTransport(unreachable)
+    )
+    with refused, pytest.raises(UnavailableError) as down:
+        refused.privatize("u", 1.0, ["A. B."])
+    assert down.value.code == "connection_failed"
+    assert down.value.idempotency_key is not None
+
+
+def test_the_example_runs_against_the_server(server) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sentdp_client.example", server.url, ACME.key],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "embedding of 384 numbers, 3 sentences" in done.stdout
+    assert "refused:" in done.stdout
+    assert "(remaining " in done.stdout
