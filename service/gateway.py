@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from service.schemas import (
     WorkResult,
 )
 from service.settings import ACCESS_LOG, ServiceSettings, boot_settings, load_settings
+from service.state import EphemeralStateError, check_state_survives
 from service.tenants import Tenant, TenantRegistry, TenantSource
 from service.validation import Limits
 from service.views import budget_view
@@ -57,11 +60,18 @@ def _registry() -> TenantRegistry:
     return tenant_source().registry()
 
 
+READY_PROBE_SECONDS = 2.0
+READY_CACHE_SECONDS = 1.0
+
+
 @bentoml.service(
     name="sentdp",
     workers=BOOT.gateway_workers,
     logging=ACCESS_LOG,
     traffic={"timeout": BOOT.worker_max_latency_ms / 1000 * 2 + 30},
+    # BentoML's own probe of the worker can hold /readyz until the request timeout (150 s)
+    # while the worker starts; __is_ready__ probes it with a deadline instead.
+    runner_probe={"enabled": False},
 )
 class Gateway:
     worker = bentoml.depends(Worker)
@@ -70,6 +80,11 @@ class Gateway:
     def __init__(self) -> None:
         logs.configure()
         self.settings: ServiceSettings = load_settings()
+        try:
+            check_state_survives(self.settings)
+        except EphemeralStateError as problem:  # exception messages are redacted in logs
+            logs.log_event("refusing_to_start", logging.ERROR, reason=str(problem))
+            raise
         stored = self.bundle_model
         version = str(stored.tag)
         bundle = Bundle.load(Path(stored.path))
@@ -94,6 +109,7 @@ class Gateway:
             bundle, version, self.ledger, self._run_worker, limits, signer, counter.padded_tokens
         )
         self.lookups = Lookups(bundle, version)
+        self._ready_until = 0.0
         logs.log_event("gateway_ready", model=version)
 
     # --- the API ---------------------------------------------------------------------------
@@ -137,7 +153,20 @@ class Gateway:
         return budget_view(account, tenant.policy)
 
     async def __is_ready__(self) -> bool:
-        return True
+        """Ready once the worker answers its own /readyz; a worker that is still starting (or
+        gone) makes /readyz answer 503 within READY_PROBE_SECONDS, never hang."""
+        probe = getattr(self.worker, "is_ready", None)
+        if probe is None:  # the worker runs in this process
+            return True
+        if time.monotonic() < self._ready_until:  # probe storms cost one worker call a second
+            return True
+        try:
+            ready = bool(await asyncio.wait_for(probe(1), READY_PROBE_SECONDS))
+        except Exception:  # a timeout or a refused connection: not ready
+            return False
+        if ready:
+            self._ready_until = time.monotonic() + READY_CACHE_SECONDS
+        return ready
 
     # --- adapters --------------------------------------------------------------------------
     async def _charged(

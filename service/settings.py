@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-def _data_dir() -> Path:
-    return platformdirs.user_data_path("sentdp")
+def _data_dir(data: dict[str, Any]) -> Path:
+    """Where the ledger, tenants file and secret live by default: ``state_dir`` (a mounted
+    volume in a container), else the user's data folder."""
+    state = data.get("state_dir")
+    return Path(state) if state else platformdirs.user_data_path("sentdp")
 
 
 class ServiceSettings(BaseSettings):
@@ -27,17 +31,25 @@ class ServiceSettings(BaseSettings):
 
     model: str = "sentdp-bbc-news:latest"
     """BentoML model tag of the bundle to serve."""
-    ledger_url: str = Field(default_factory=lambda: f"sqlite:///{_data_dir() / 'ledger.sqlite3'}")
+    state_dir: Path | None = None
+    """Default folder of the ledger, the tenants file and the idempotency secret (each can
+    still be set on its own); in a container, a mounted volume."""
+    allow_ephemeral_state: bool = False
+    """In a container, start even when the ledger, tenants or secret would be lost with the
+    container (demos only: recreating it resets every user's spent epsilon)."""
+    ledger_url: str = Field(
+        default_factory=lambda data: f"sqlite:///{_data_dir(data) / 'ledger.sqlite3'}"
+    )
     """``sqlite:///file`` (default) or ``postgresql://...`` shared by several replicas."""
     ledger_schema: str = "public"
     """PostgreSQL schema of the ledger tables."""
     idempotency_secret_file: Path = Field(
-        default_factory=lambda: _data_dir() / "idempotency-secret"
+        default_factory=lambda data: _data_dir(data) / "idempotency-secret"
     )
     """HMAC secrets of request bodies under Idempotency-Keys (created 0600 when missing; one
     hex secret per line, the first current). Keep it out of the ledger's backups; replicas
     share one."""
-    tenants_file: Path = Field(default_factory=lambda: _data_dir() / "tenants.json")
+    tenants_file: Path = Field(default_factory=lambda data: _data_dir(data) / "tenants.json")
     """Tenants, their hashed API keys and budgets (see ``sentdp-admin``)."""
     metrics_token: str | None = Field(default=None, min_length=16)
     """Bearer token that /metrics requires; /metrics answers 403 while unset (its series, such

@@ -80,7 +80,10 @@ class Worker:
         self.gate = FairGate()
         self.encoder.encode(["Warm up the encoder."])
 
+    # Routes under /worker/: BentoML's request metrics of the worker and the gateway share
+    # one /metrics, and the gateway's public /privatize must not be counted with these.
     @bentoml.api(
+        route="/worker/privatize",
         batchable=True,
         max_batch_size=BOOT.worker_batch_size,
         max_latency_ms=BOOT.worker_max_latency_ms,
@@ -89,15 +92,17 @@ class Worker:
         """Adaptive-batched: whole requests of many tenants are merged into one call."""
         return self._run(requests, BATCH_KEY)
 
-    @bentoml.api
+    @bentoml.api(route="/worker/privatize_unbatched")
     def privatize_unbatched(self, requests: list[WorkRequest]) -> list[WorkReply]:
         """The same work without adaptive batching: one large request, in its tenant's turn."""
         return self._run(requests, requests[0].tenant if requests else BATCH_KEY)
 
     def _batch_invariant_encoder(self) -> str:
-        """On CUDA, check that a sentence's encoding does not depend on its batch; if it does,
-        encode in fixed-shape batches with deterministic kernels, and if that still fails,
-        on the CPU. Returns the mode, which the log states."""
+        """Check that a sentence's encoding does not depend on its batch; if it does, encode
+        in fixed-shape batches (with deterministic kernels on CUDA), and if a CUDA encoder
+        still fails, on the CPU. Some CPUs' kernels also vary with the batch's row count
+        (seen with AVX-512), so the CPU is checked too. Returns the mode, which the log
+        states."""
         from sentdp.encoders import (
             SentenceEncoder,
             batch_invariance_violations,
@@ -105,26 +110,31 @@ class Worker:
         )
 
         device = self.encoder.device
-        if not device.startswith("cuda"):
-            logs.log_event("encoder_batch_invariance", device=device, mode="cpu")
-            return "cpu"
+        cuda = device.startswith("cuda")
+        kind = "cuda" if cuda else "cpu"
         violations = batch_invariance_violations(self.encoder)
-        mode = "cuda"
+        mode = kind
         if violations:
-            mode = "cuda-fixed-batch"
+            mode = f"{kind}-fixed-batch"
             try:
-                use_deterministic_kernels()
+                if cuda:
+                    use_deterministic_kernels()
                 self.encoder = SentenceEncoder(
                     self.encoder.path, device, self.encoder.batch_size, fixed_batch=True
                 )
                 violations = batch_invariance_violations(self.encoder)
             except RuntimeError:
-                logs.logger.exception("deterministic CUDA encoding failed")
+                logs.logger.exception("deterministic encoding failed")
                 violations = ["deterministic kernels unavailable"]
-        if violations:
+        if violations and cuda:
             mode = "cpu-fallback"
-            self.encoder = SentenceEncoder(self.encoder.path, "cpu", self.encoder.batch_size)
-        level = logging.WARNING if mode != "cuda" else logging.INFO
+            self.encoder = SentenceEncoder(
+                self.encoder.path, "cpu", self.encoder.batch_size, fixed_batch=True
+            )
+            violations = batch_invariance_violations(self.encoder)
+        if violations:
+            logs.log_event("encoder_not_batch_invariant", logging.ERROR, device=device, mode=mode)
+        level = logging.WARNING if mode not in ("cuda", "cpu") else logging.INFO
         logs.log_event("encoder_batch_invariance", level, device=device, mode=mode)
         return mode
 

@@ -96,6 +96,8 @@ class Server:
     process: subprocess.Popen[bytes] | None = None
     cold_start_seconds: float = 0.0
     home: Path | None = None
+    probes: list[tuple[int | None, float]] = field(default_factory=list)
+    """Every /readyz answer while starting: status (None: no answer in 30 s), seconds."""
 
     @property
     def url(self) -> str:
@@ -123,12 +125,17 @@ class Server:
                 raise RuntimeError(
                     f"bentoml serve exited with {self.process.returncode}: {self.tail()}"
                 )
+            asked = time.perf_counter()
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                status = httpx.get(f"{self.url}/readyz", timeout=30).status_code
+                self.probes.append((status, time.perf_counter() - asked))
+                if status == 200:
                     self.cold_start_seconds = time.perf_counter() - started
                     return self
+            except httpx.TimeoutException:
+                self.probes.append((None, time.perf_counter() - asked))
             except httpx.HTTPError:
-                pass
+                pass  # not listening yet
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"bentoml serve was not ready after {timeout} s: {self.tail()}")

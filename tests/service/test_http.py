@@ -357,4 +357,14 @@ def test_requests_with_many_sentences_bypass_adaptive_batching(server) -> None:
     response = privatize(server, "big-user", epsilon=1.0, documents=documents)
     assert response.status_code == 200, response.text
     assert [d["k"] for d in response.json()["documents"]] == [40, 40, 40, 40]
-    assert "path=/privatize_unbatched" in server.log.read_text()  # 160 > 100 sentences
+    assert "path=/worker/privatize_unbatched" in server.log.read_text()  # 160 > 100 sentences
+
+
+def test_readyz_answers_503_at_once_while_the_worker_starts_never_hangs(server) -> None:
+    """The server's start-up, as its fixture probed it: /readyz said 503 until the worker
+    was up (BentoML's own probe held it up to the 150 s request timeout), then 200."""
+    statuses = [status for status, _ in server.probes]
+    assert statuses[-1] == 200
+    assert set(statuses) <= {200, 503}, server.probes
+    assert 503 in statuses, server.probes
+    assert max(seconds for _, seconds in server.probes) < 15, server.probes
