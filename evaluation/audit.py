@@ -27,7 +27,7 @@ import numpy as np
 from evaluation.audit_stats import fit_pvalue, lower_bound, ratio_bound
 from sentdp.accounting import charge_for, epsilon_of_charge
 from sentdp.bundle import Bundle
-from sentdp.encoders import SentenceEncoder, recode
+from sentdp.encoders import Encoder, recode
 from sentdp.text import SentenceSplitter, TextLimits, split_document
 
 Document = list[str] | str
@@ -94,7 +94,7 @@ class PairResult:
 class ExactLoss:
     """The exact privacy loss of a pair under a bundle, from the mechanism's probabilities."""
 
-    def __init__(self, bundle: Bundle, encoder: SentenceEncoder) -> None:
+    def __init__(self, bundle: Bundle, encoder: Encoder) -> None:
         self.bundle = bundle
         self.encoder = encoder
         self._known: dict[tuple[tuple[str, ...], float, str], np.ndarray] = {}

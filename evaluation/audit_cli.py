@@ -23,7 +23,7 @@ from evaluation.audit import (
     text_pairs,
     write_report,
 )
-from sentdp.encoders import SentenceEncoder
+from sentdp.encoders import open_encoder
 from training.datasets import bbc_news_texts
 from training.settings import load_settings
 from training.store import load_from_store
@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> None:
     console = Console(stderr=True)
     settings = load_settings()
     bundle = load_from_store(args.model)
-    loss = ExactLoss(bundle, SentenceEncoder(bundle.encoder_dir, settings.device))
+    loss = ExactLoss(
+        bundle, open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device)
+    )
     texts = [text for _, _, text in bbc_news_texts(settings.cache_dir)]
     plan: list[tuple[float, int, Pair]] = []
     for epsilon, samples in zip(args.epsilon, args.samples, strict=True):

@@ -31,7 +31,7 @@ from evaluation.results import (
     vote_method,
 )
 from sentdp.bundle import Bundle
-from sentdp.encoders import SentenceEncoder, recode
+from sentdp.encoders import Encoder, open_encoder, recode
 from sentdp.labels import vote_plan
 from sentdp.mechanism import DeepCandidate, sample_from_utilities
 from training.classifiers import macro_f1, train_classifier
@@ -102,7 +102,14 @@ def run_evaluation(
     _check_same_corpus(bundles)
     bundle = bundles[0]
     corpus, splits = evaluation_corpus(bundle, settings)
-    encoder = SentenceEncoder(bundle.encoder_dir, settings.device, settings.encode_batch_size)
+    bundle.check_encoder()
+    encoder = open_encoder(
+        bundle.encoder_dir,
+        bundle.encoder_backend,
+        settings.device,
+        settings.encode_batch_size,
+        threads=settings.threads,
+    )
     embeddings = embed_corpus(
         corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter), show_progress=False
     )
@@ -174,7 +181,7 @@ class Experiment:
         bundle: Bundle,
         corpus: Corpus,
         splits: Splits,
-        encoder: SentenceEncoder,
+        encoder: Encoder,
         embeddings: CorpusEmbeddings,
         settings: TrainingSettings,
         config: EvalConfig,

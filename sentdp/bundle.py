@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sentdp.encoders import MLP
+from sentdp.encoders import MLP, backend_of
 from sentdp.errors import InputError
 from sentdp.labels import SentenceVote
 from sentdp.mechanism import DeepCandidate
@@ -304,6 +304,32 @@ class Bundle:
     @property
     def labels(self) -> list[str]:
         return self.manifest.corpus.labels
+
+    @property
+    def encoder_backend(self) -> str:
+        """How G runs for this bundle: the backend it was trained with, and must serve with."""
+        return backend_of(self.manifest.encoder)
+
+    def check_encoder(self, expected_backend: str | None = None) -> None:
+        """Refuse a bundle whose encoder is not the one it was trained with: another backend
+        than ``expected_backend`` (when given), or an ONNX graph other than the recorded one."""
+        backend = self.encoder_backend
+        if expected_backend is not None and expected_backend != backend:
+            raise InputError(
+                f"the bundle was trained with the {backend} encoder backend and cannot serve "
+                f"with {expected_backend}: a different backend computes different embeddings "
+                "than the ones H, the candidates and the p table were made from; train a "
+                f"bundle with --encoder-backend {expected_backend}"
+            )
+        if backend == "torch":
+            return
+        from sentdp.onnx_encoder import ONNX_FILES, file_sha256
+
+        graph = self.encoder_dir / ONNX_FILES.get(backend, "onnx/missing")
+        if not graph.is_file():
+            raise InputError(f"the bundle's {backend} encoder has no graph at {graph}")
+        if file_sha256(graph) != self.manifest.encoder.get("onnx_sha256"):
+            raise InputError(f"the bundle's {backend} graph {graph} is not the one it recorded")
 
     def variant(self, name: str) -> Variant:
         for variant in self.variants:

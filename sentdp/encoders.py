@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -118,6 +118,7 @@ class SentenceEncoder:
             "dim": self.dim,
             "max_tokens": self.max_tokens,
             "length_buckets": self._buckets,
+            "backend": "torch",
         }
 
     def buckets_of(self, sentences: Sequence[str]) -> list[int]:
@@ -150,9 +151,54 @@ class SentenceEncoder:
         return out
 
 
-def encode_once(
-    encoder: SentenceEncoder, keyed: Sequence[tuple[str, str]]
-) -> npt.NDArray[np.float32]:
+ENCODER_BACKENDS = ("torch", "onnx", "onnx-int8")
+"""How G runs: torch (sentence-transformers), or ONNX Runtime in float32 or static int8."""
+
+
+class Encoder(Protocol):
+    """What the pipeline and the worker need of G, whichever backend runs it."""
+
+    path: Path
+    device: str
+    dim: int
+    max_tokens: int
+    batch_size: int
+    fixed_batch: bool
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def buckets_of(self, sentences: Sequence[str]) -> list[int]: ...
+
+    def encode(self, sentences: Sequence[str]) -> npt.NDArray[np.float32]: ...
+
+
+def backend_of(described: dict[str, Any]) -> str:
+    """The backend a bundle's encoder record names (bundles before backends ran torch)."""
+    return str(described.get("backend", "torch"))
+
+
+def open_encoder(
+    model_dir: str | Path | None,
+    backend: str = "torch",
+    device: str | None = None,
+    batch_size: int = 64,
+    fixed_batch: bool = False,
+    threads: int = 2,
+) -> Encoder:
+    """G from an encoder directory, run by ``backend`` (ONNX backends run on the CPU)."""
+    if backend == "torch":
+        return SentenceEncoder(model_dir, device, batch_size, fixed_batch)
+    if backend not in ENCODER_BACKENDS:
+        raise InputError(f"unknown encoder backend {backend!r}; one of {ENCODER_BACKENDS}")
+    if device not in (None, "cpu"):
+        raise InputError(f"the {backend} backend runs on the CPU, not on {device}")
+    from sentdp.onnx_encoder import OnnxSentenceEncoder
+
+    path = Path(model_dir) if model_dir is not None else default_encoder_path()
+    return OnnxSentenceEncoder(path, backend, batch_size, fixed_batch, threads)
+
+
+def encode_once(encoder: Encoder, keyed: Sequence[tuple[str, str]]) -> npt.NDArray[np.float32]:
     """Embeddings of ``(owner, sentence)`` pairs in order, each distinct pair encoded once.
 
     An embedding depends on its sentence alone (the encoder is batch-invariant), so this
@@ -272,7 +318,7 @@ def recode(recoder: MLP | None, embeddings: npt.ArrayLike) -> FloatArray:
 
 
 def batch_invariance_violations(
-    encoder: SentenceEncoder,
+    encoder: Encoder,
     probes: Sequence[str] = INVARIANCE_PROBES,
     batch_sizes: Sequence[int] = (2, 3, 8, 33, 64),
 ) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import platformdirs
 from pydantic import Field, model_validator
@@ -81,6 +81,9 @@ class ServiceSettings(BaseSettings):
     device: str | None = None
     """torch device of the worker (CUDA when present, else the CPU)."""
     worker_threads: int = Field(default=2, ge=1)
+    encoder_backend: Literal["torch", "onnx", "onnx-int8"] | None = None
+    """The encoder backend this deployment expects (torch, onnx, onnx-int8); the worker
+    refuses a bundle trained with another. Unset: whichever the bundle was trained with."""
     adaptive_batching: bool = True
     """False: the gateway calls the worker's non-batchable twin endpoint (for measurements)."""
     batch_max_sentences: int = Field(default=400, ge=1)

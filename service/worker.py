@@ -56,18 +56,24 @@ class Worker:
         logs.configure()
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts
-        import torch
-
         from sentdp.bundle import Bundle
-        from sentdp.encoders import SentenceEncoder
+        from sentdp.encoders import open_encoder
 
         settings = load_settings()
-        torch.set_num_threads(settings.worker_threads)
         stored = self.bundle_model
         self.version = str(stored.tag)
         self.bundle = Bundle.load(Path(stored.path))
-        self.encoder = SentenceEncoder(
-            self.bundle.encoder_dir, settings.device, settings.encode_batch_size
+        self.bundle.check_encoder(settings.encoder_backend)
+        if self.bundle.encoder_backend == "torch":  # ONNX bundles never import torch
+            import torch
+
+            torch.set_num_threads(settings.worker_threads)
+        self.encoder = open_encoder(
+            self.bundle.encoder_dir,
+            self.bundle.encoder_backend,
+            settings.device,
+            settings.encode_batch_size,
+            threads=settings.worker_threads,
         )
         self.encoder_mode = self._batch_invariant_encoder()
         device = self.encoder.device if self.encoder.device.startswith("cuda") else None
@@ -103,11 +109,7 @@ class Worker:
         still fails, on the CPU. Some CPUs' kernels also vary with the batch's row count
         (seen with AVX-512), so the CPU is checked too. Returns the mode, which the log
         states."""
-        from sentdp.encoders import (
-            SentenceEncoder,
-            batch_invariance_violations,
-            use_deterministic_kernels,
-        )
+        from sentdp.encoders import batch_invariance_violations, use_deterministic_kernels
 
         device = self.encoder.device
         cuda = device.startswith("cuda")
@@ -119,24 +121,33 @@ class Worker:
             try:
                 if cuda:
                     use_deterministic_kernels()
-                self.encoder = SentenceEncoder(
-                    self.encoder.path, device, self.encoder.batch_size, fixed_batch=True
-                )
+                self.encoder = self._reopen(device)
                 violations = batch_invariance_violations(self.encoder)
             except RuntimeError:
                 logs.logger.exception("deterministic encoding failed")
                 violations = ["deterministic kernels unavailable"]
         if violations and cuda:
             mode = "cpu-fallback"
-            self.encoder = SentenceEncoder(
-                self.encoder.path, "cpu", self.encoder.batch_size, fixed_batch=True
-            )
+            self.encoder = self._reopen("cpu")
             violations = batch_invariance_violations(self.encoder)
         if violations:
             logs.log_event("encoder_not_batch_invariant", logging.ERROR, device=device, mode=mode)
         level = logging.WARNING if mode not in ("cuda", "cpu") else logging.INFO
         logs.log_event("encoder_batch_invariance", level, device=device, mode=mode)
         return mode
+
+    def _reopen(self, device: str) -> Any:
+        """The bundle's encoder again, on ``device``, in fixed-shape batches."""
+        from sentdp.encoders import open_encoder
+
+        return open_encoder(
+            self.encoder.path,
+            self.bundle.encoder_backend,
+            device,
+            self.encoder.batch_size,
+            fixed_batch=True,
+            threads=load_settings().worker_threads,
+        )
 
     def _run(self, requests: list[WorkRequest], key: str) -> list[WorkReply]:
         """Wait for this key's turn, at most until the last deadline of ``requests``: a

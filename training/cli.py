@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from sentdp.encoders import ENCODER_BACKENDS
 from sentdp.errors import SentDPError
 from training.datasets import REGISTRY
 from training.pipeline import TrainConfig, TrainReport, run_training
@@ -77,6 +78,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--epsilons", type=float, nargs="+", help=f"epsilon grid for the p table (default {grid})"
     )
+    parser.add_argument(
+        "--encoder-backend",
+        choices=ENCODER_BACKENDS,
+        default="torch",
+        help="how G runs in training and serving: torch, ONNX Runtime float32, or ONNX "
+        "Runtime with static int8 (default %(default)s)",
+    )
     parser.add_argument("--per-class", type=int, help="use at most this many documents per class")
     parser.add_argument("--text-column", default=DEFAULTS["text_column"])
     parser.add_argument("--label-column", default=DEFAULTS["label_column"])
@@ -102,6 +110,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         text_column=args.text_column,
         label_column=args.label_column,
         corpus_is_public=args.corpus_is_public,
+        encoder_backend=args.encoder_backend,
     )
     if args.quick:
         config = config.quick()

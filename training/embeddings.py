@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sentdp.encoders import SentenceEncoder
+from sentdp.encoders import Encoder
 from training.datasets import Corpus
 
 
@@ -39,7 +39,7 @@ class CorpusEmbeddings:
         return np.stack([self.document(i).astype(np.float64).mean(axis=0) for i in indices])
 
 
-def encoder_fingerprint(encoder: SentenceEncoder) -> str:
+def encoder_fingerprint(encoder: Encoder) -> str:
     digest = hashlib.sha256()
     for path in sorted(p for p in encoder.path.rglob("*") if p.is_file()):
         digest.update(path.relative_to(encoder.path).as_posix().encode())
@@ -49,7 +49,7 @@ def encoder_fingerprint(encoder: SentenceEncoder) -> str:
     return digest.hexdigest()
 
 
-def cache_key(corpus: Corpus, encoder: SentenceEncoder, splitter: dict[str, str]) -> str:
+def cache_key(corpus: Corpus, encoder: Encoder, splitter: dict[str, str]) -> str:
     digest = hashlib.sha256()
     digest.update(encoder_fingerprint(encoder).encode())
     digest.update(json.dumps(splitter, sort_keys=True).encode())
@@ -60,7 +60,7 @@ def cache_key(corpus: Corpus, encoder: SentenceEncoder, splitter: dict[str, str]
 
 def embed_corpus(
     corpus: Corpus,
-    encoder: SentenceEncoder,
+    encoder: Encoder,
     cache_dir: Path,
     splitter: dict[str, str],
     show_progress: bool = True,

@@ -21,7 +21,13 @@ from sentdp.bundle import (
     PChoice,
     Variant,
 )
-from sentdp.encoders import SentenceEncoder, recode
+from sentdp.encoders import (
+    Encoder,
+    SentenceEncoder,
+    default_encoder_path,
+    open_encoder,
+    recode,
+)
 from sentdp.text import SentenceSplitter, TextLimits
 from training.candidates import choose_candidates
 from training.classifiers import train_classifier
@@ -72,6 +78,8 @@ class TrainConfig:
     prototypes: tuple[int, ...] = DEFAULT_PER_CLASS
     """Per-class sizes of prototype variants, made for every variant of every recipe but the
     paper's, which stays the reference as published."""
+    encoder_backend: str = "torch"
+    """How G runs, in training and then in serving: torch, onnx (float32) or onnx-int8."""
     corpus_is_public: bool = False
     text_column: str = "text"
     label_column: str = "label"
@@ -131,6 +139,29 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def _encoder(
+    config: TrainConfig, settings: TrainingSettings, corpus: Corpus, splits: Splits
+) -> Encoder:
+    """G for ``config.encoder_backend``; an ONNX graph is exported (once, cached) first, int8
+    calibrated on sentences of the public training split."""
+    if config.encoder_backend == "torch":
+        return SentenceEncoder(settings.encoder_dir, settings.device, settings.encode_batch_size)
+    from training.onnx_export import exported_encoder
+
+    source = settings.encoder_dir or default_encoder_path()
+    rng = np.random.default_rng(config.seed)
+    train = [corpus.documents[int(i)] for i in rng.permutation(splits.train)]
+    calibration = [s for document in train[:200] for s in document.sentences]
+    directory = exported_encoder(source, config.encoder_backend, settings.cache_dir, calibration)
+    return open_encoder(
+        directory,
+        config.encoder_backend,
+        settings.device,
+        settings.encode_batch_size,
+        threads=settings.threads,
+    )
+
+
 def run_training(
     config: TrainConfig, settings: TrainingSettings, console: Console | None = None
 ) -> TrainReport:
@@ -145,7 +176,7 @@ def run_training(
         f"splits {splits.sizes()}"
     )
     seed_everything(config.seed, settings.threads)
-    encoder = SentenceEncoder(settings.encoder_dir, settings.device, settings.encode_batch_size)
+    encoder = _encoder(config, settings, corpus, splits)
     splitter = SentenceSplitter().describe() | {"sentences_from": corpus.sentences_from}
     embeddings = _embed(corpus, encoder, settings, splitter, console)
     bundle, scores = build_bundle(config, corpus, splits, encoder, embeddings, splitter, console)
@@ -170,7 +201,7 @@ def run_training(
 
 def _embed(
     corpus: Corpus,
-    encoder: SentenceEncoder,
+    encoder: Encoder,
     settings: TrainingSettings,
     splitter: dict[str, str],
     console: Console,
@@ -192,7 +223,7 @@ def build_bundle(
     config: TrainConfig,
     corpus: Corpus,
     splits: Splits,
-    encoder: SentenceEncoder,
+    encoder: Encoder,
     embeddings: CorpusEmbeddings,
     splitter: dict[str, str],
     console: Console,
@@ -325,7 +356,7 @@ def bundle_manifest(
     config: TrainConfig,
     corpus: Corpus,
     splits: Splits,
-    encoder: SentenceEncoder,
+    encoder: Encoder,
     splitter: dict[str, str],
     data: TrainingData,
     variants: list[Variant],

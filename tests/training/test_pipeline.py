@@ -209,3 +209,22 @@ def test_long_csv_fields_load_and_bad_files_end_in_a_message(
     (tmp_path / "list.jsonl").write_text('["not", "an", "object"]\n')
     with pytest.raises(InputError, match=r"line 1 of .* not a JSON object"):
         load_user_corpus(tmp_path / "list.jsonl", "text", "label", True, TextLimits())
+
+
+def test_an_int8_bundle_records_and_carries_its_encoder(tmp_path: Path) -> None:
+    corpus = REGISTRY["bbc-news"](load_settings().cache_dir, TextLimits())
+    path = tmp_path / "int8.jsonl"
+    rows = [d for d in corpus.documents if d.label == "business"][:40]
+    rows += [d for d in corpus.documents if d.label == "tech"][:40]
+    write_jsonl(path, [{"text": " ".join(d.sentences), "label": d.label} for d in rows])
+    config = TrainConfig(
+        dataset=str(path), corpus_is_public=True, encoder_backend="onnx-int8", prototypes=()
+    ).quick()
+    report = run_training(config, load_settings())
+    bundle = report.bundle
+    assert bundle.encoder_backend == "onnx-int8"
+    assert bundle.manifest.encoder["backend"] == "onnx-int8"
+    stored = load_from_store(report.tag)
+    stored.check_encoder("onnx-int8")
+    with pytest.raises(InputError, match="cannot serve with torch"):
+        stored.check_encoder("torch")

@@ -1,0 +1,180 @@
+"""Export G to ONNX for the ``onnx`` and ``onnx-int8`` backends (training time, with torch).
+
+The exported directory is the sentence-transformers directory plus ``onnx/``, so a bundle
+that copies it serves without torch. The graph is the whole sentence-transformers module
+stack (transformer, pooling, normalization), traced once; its output is the sentence
+embedding.
+
+int8 uses *static* quantization: the scales of the activations are calibrated once, on
+public sentences, and fixed in the graph, so a row's result cannot depend on its batch
+(dynamic quantization scales each batch by its own range and breaks that). Quantized: the
+products with a weight matrix except the feed-forward down-projections (weights with more
+inputs than outputs), whose inputs, after the GELU, have outliers that a per-tensor int8
+scale cannot hold (quantizing them too took the embeddings' mean cosine to the float ones
+from 0.995 to 0.93 on BBC News sentences, measured).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from sentdp.encoders import SentenceEncoder, length_buckets
+from sentdp.errors import InputError
+from sentdp.onnx_encoder import INPUT_NAMES, ONNX_FILES, OnnxSentenceEncoder
+
+CALIBRATION_SENTENCES = 512
+CALIBRATION_BATCH = 16
+OPSET = 17
+
+
+def exported_encoder(
+    source: Path,
+    backend: str,
+    cache_dir: Path,
+    calibration: Sequence[str] = (),
+) -> Path:
+    """An encoder directory holding ``source``'s files and its ``backend`` graph, made once
+    per (source, backend, calibration text) under ``cache_dir`` and reused after."""
+    if backend not in ONNX_FILES:
+        raise InputError(f"no ONNX export for backend {backend!r}")
+    if backend == "onnx-int8" and not calibration:
+        raise InputError("int8 needs public calibration sentences")
+    digest = hashlib.sha256(backend.encode())
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(source).as_posix().encode())
+        digest.update(path.read_bytes())
+    if backend == "onnx-int8":
+        for sentence in calibration:
+            digest.update(sentence.encode() + b"\0")
+    target = cache_dir / "encoders" / f"{source.name}-{backend}-{digest.hexdigest()[:16]}"
+    if (target / ONNX_FILES[backend]).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".partial-", dir=target.parent))
+    try:
+        shutil.copytree(source, work, dirs_exist_ok=True)
+        (work / "onnx").mkdir(exist_ok=True)
+        float_graph = work / ONNX_FILES["onnx"]
+        _export_float(source, float_graph)
+        if backend == "onnx-int8":
+            _quantize(float_graph, work, calibration)
+            float_graph.unlink()
+        if target.exists():  # another process made it meanwhile
+            shutil.rmtree(work)
+            return target
+        work.rename(target)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return target
+
+
+def _export_float(source: Path, graph: Path) -> None:
+    import torch
+
+    encoder = SentenceEncoder(source, "cpu")
+    stack = encoder._model
+
+    class Embed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stack = stack
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            features = {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "token_type_ids": torch.zeros_like(input_ids),
+            }
+            embedding: torch.Tensor = self.stack(features)["sentence_embedding"]
+            return embedding
+
+    example = stack.tokenizer(
+        ["An example sentence.", "Another, a little longer, example sentence."],
+        padding="max_length",
+        max_length=16,
+        return_tensors="pt",
+    )
+    axes = {0: "batch", 1: "tokens"}
+    # The tracer warns that shape checks become constants; they hold for every input here
+    # (the mask always matches the ids), and the tests compare the graph with torch at
+    # every bucket length.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Embed().eval(),
+            (example["input_ids"], example["attention_mask"]),
+            str(graph),
+            input_names=list(INPUT_NAMES[:2]),
+            output_names=["sentence_embedding"],
+            dynamic_axes={
+                "input_ids": axes,
+                "attention_mask": axes,
+                "sentence_embedding": {0: "batch"},
+            },
+            opset_version=OPSET,
+            dynamo=False,
+        )
+
+
+def _quantize(float_graph: Path, work: Path, calibration: Sequence[str]) -> None:
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    prepared = work / "onnx" / "prepared.onnx"
+    quant_pre_process(str(float_graph), str(prepared), skip_symbolic_shape=True)
+    model = onnx.load(str(prepared))
+    weights = {init.name: init for init in model.graph.initializer}
+    chosen = []
+    for node in model.graph.node:
+        if node.op_type != "MatMul":
+            continue
+        weight = next((weights[name] for name in node.input if name in weights), None)
+        if weight is not None and len(weight.dims) == 2 and weight.dims[0] <= weight.dims[1]:
+            chosen.append(node.name)
+    if not chosen:
+        raise InputError("the encoder's graph has no weight products to quantize")
+
+    floats = OnnxSentenceEncoder(work, "onnx", batch_size=CALIBRATION_BATCH)
+    buckets = length_buckets(floats.max_tokens)
+    feeds = []
+    texts = list(calibration)[:CALIBRATION_SENTENCES]
+    for start in range(0, len(texts), CALIBRATION_BATCH):
+        rows = floats._ids(texts[start : start + CALIBRATION_BATCH])
+        length = next(b for b in buckets if b >= max(len(r) for r in rows))
+        feeds.append(floats._pad(rows, length))
+
+    class Reader(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self._feeds = iter(feeds)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._feeds, None)
+
+    quantize_static(
+        str(prepared),
+        str(work / ONNX_FILES["onnx-int8"]),
+        Reader(),
+        quant_format=QuantFormat.QOperator,
+        op_types_to_quantize=["MatMul"],
+        nodes_to_quantize=chosen,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        calibrate_method=CalibrationMethod.MinMax,
+    )
+    prepared.unlink()
