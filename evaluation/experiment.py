@@ -170,6 +170,11 @@ def _check_same_corpus(bundles: Sequence[Bundle]) -> None:
 
     if len({corpus_of(b) for b in bundles}) > 1:
         raise ValueError("bundles evaluated together must share corpus and splits")
+    if len({b.encoder_backend for b in bundles}) > 1:  # they would share the first's embeddings
+        raise ValueError(
+            "bundles evaluated together must share an encoder backend; evaluate each backend "
+            "in its own run"
+        )
 
 
 class Experiment:

@@ -1,14 +1,19 @@
 """End-to-end throughput of the service against the encoder's own limit, in one run.
 
-Run: ``.venv/bin/python loadtests/bench_service.py [--model sentdp-bbc-news:latest]``
+Run: ``.venv/bin/python loadtests/bench_service.py [--models TAG ...] [--batching-off]``
 
-1. raw encoder: sentence-transformers ``encode`` of the same documents' sentences in this
-   process, in batches of the service's encoder batch size, with the worker's thread count:
-   the ceiling the service cannot exceed (and sentdp's bucketed encoder, for comparison);
-2. the service over HTTP (``bentoml serve``, 2 gateway workers, one worker process) at
-   concurrency 1, 8 and 32, one real BBC News test document per request: sentences/s,
-   documents/s, p50/p95/p99 latency, and the ratio to the raw encoder;
-3. the same with adaptive batching off (the gateway calls the worker's non-batchable twin).
+1. raw encoders in this process, with the worker's thread count: sentence-transformers
+   ``encode`` (torch; the "x st" column's reference) and sentdp's encoder for each bundle's
+   backend (torch, onnx, onnx-int8), in plain length buckets and in fixed-shape batches,
+   all sentences at once and one document at a time;
+2. the service over HTTP (``bentoml serve``, 2 gateway workers, one worker process) for
+   each bundle at concurrency 1, 8 and 32, one real BBC News test document per request:
+   sentences/s, documents/s, p50/p95/p99 latency; "x own" compares with sentdp's encoder of
+   the same backend in the worker's mode (one document at a time for concurrency 1);
+3. where the time goes: mean seconds per request in the gateway, per ledger operation, per
+   worker call, and per worker batch (encoding, everything before sampling), from the
+   service's own histograms on /metrics;
+4. with --batching-off, the same with adaptive batching off.
 
 Also reported: cold start (launch to /readyz 200) and the peak resident memory of the whole
 server. Figures are medians where repeated; the ratio column is the one to compare.
@@ -35,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout,
 from tests.support import TENANTS, Server, write_tenants
 
 THREADS = 2
+FIXED_ROWS = 8  # the worker's SENTDP_CPU_FIXED_BATCH_SIZE default
 
 
 def load_documents(count: int, seed: int) -> list[list[str]]:
@@ -50,29 +56,93 @@ def load_documents(count: int, seed: int) -> list[list[str]]:
     return [list(corpus.documents[int(i)].sentences) for i in chosen]
 
 
-def raw_encoder_rates(documents: list[list[str]], model_dir: Path, batch: int) -> dict[str, float]:
+def _rate(encode: Any, sentences: int) -> float:
+    encode()  # warm up
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        encode()
+        times.append(time.perf_counter() - start)
+    return sentences / statistics.median(times)
+
+
+def raw_encoder_rates(
+    documents: list[list[str]], model_dir: Path, backend: str, batch: int
+) -> dict[str, float]:
+    """Sentences/s of sentdp's encoder for ``backend`` in this process: all sentences at once
+    (plain length buckets, and fixed-shape batches as the worker uses where the start-up
+    check asks for them), and one document at a time (the ceiling of concurrency 1)."""
+    from sentdp.encoders import open_encoder
+
+    sentences = [s for doc in documents for s in doc]
+    rates = {}
+    for fixed in (False, True):
+        rows = FIXED_ROWS if fixed else batch
+        encoder = open_encoder(model_dir, backend, "cpu", rows, fixed, threads=THREADS)
+        mode = "fixed batches" if fixed else "buckets"
+        rates[f"sentdp {backend} encoder, {mode}"] = _rate(
+            lambda e=encoder: e.encode(sentences), len(sentences)
+        )
+        rates[f"sentdp {backend} encoder, {mode}, one doc at a time"] = _rate(
+            lambda e=encoder: [e.encode(doc) for doc in documents], len(sentences)
+        )
+    return rates
+
+
+def plain_rate(documents: list[list[str]], model_dir: Path, batch: int) -> float:
+    """sentence-transformers ``encode`` (torch) of the same sentences: the reference."""
     import torch
     from sentence_transformers import SentenceTransformer
-
-    from sentdp.encoders import SentenceEncoder
 
     torch.set_num_threads(THREADS)
     sentences = [s for doc in documents for s in doc]
     plain = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
-    bucketed = SentenceEncoder(model_dir, "cpu", batch)
-    rates = {}
-    for name, encode in (
-        ("sentence-transformers encode", lambda: plain.encode(sentences, batch_size=batch)),
-        ("sentdp bucketed encoder", lambda: bucketed.encode(sentences)),
-    ):
-        encode()  # warm up
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            encode()
-            times.append(time.perf_counter() - start)
-        rates[name] = len(sentences) / statistics.median(times)
-    return rates
+    return _rate(lambda: plain.encode(sentences, batch_size=batch), len(sentences))
+
+
+BREAKDOWN = {
+    "gateway": ("sentdp_charged_request_seconds", {"endpoint": "privatize"}),
+    "ledger": ("sentdp_ledger_seconds", {}),
+    "worker call": ("sentdp_worker_call_seconds", {}),
+    "worker batch": ("sentdp_worker_batch_seconds", {"stage": "total"}),
+    "encode": ("sentdp_worker_batch_seconds", {"stage": "encode"}),
+    "prepare": ("sentdp_worker_batch_seconds", {"stage": "prepare"}),
+}
+"""Where a request's time goes, from the service's own histograms (sums and counts)."""
+
+
+def histogram_totals(server: Server) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each BREAKDOWN histogram on /metrics now."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support import METRICS_TOKEN
+
+    text = httpx.get(
+        f"{server.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}
+    ).text
+    totals: dict[str, tuple[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for name, (metric_name, labels) in BREAKDOWN.items():
+            if family.name != metric_name:
+                continue
+            total, count = totals.get(name, (0.0, 0.0))
+            for sample in family.samples:
+                if any(sample.labels.get(k) != v for k, v in labels.items()):
+                    continue
+                if sample.name == f"{metric_name}_sum":
+                    total += sample.value
+                elif sample.name == f"{metric_name}_count":
+                    count += sample.value
+            totals[name] = (total, count)
+    return totals
+
+
+def encoder_mode(server: Server) -> str:
+    """The worker's encoder mode from its start-up log (cpu, cpu-fixed-batch, ...)."""
+    for line in (server.log.read_text(errors="replace") if server.log else "").splitlines():
+        if "encoder_batch_invariance" in line and '"mode"' in line:
+            return line.split('"mode"', 1)[1].split('"')[1]
+    return "unknown"
 
 
 class RssSampler(threading.Thread):
@@ -127,70 +197,108 @@ async def load(server: Server, documents: list[list[str]], concurrency: int) -> 
 
 def serve(model: str, folder: Path, batching: bool) -> Server:
     tenants = write_tenants(folder / "tenants.json")
+    name = f"{model.replace(':', '-')}-{batching}"
     env = {
         "SENTDP_MODEL": model,
         "SENTDP_TENANTS_FILE": str(tenants),
-        "SENTDP_LEDGER_URL": f"sqlite:///{folder / f'ledger-{batching}.sqlite3'}",
+        "SENTDP_LEDGER_URL": f"sqlite:///{folder / f'ledger-{name}.sqlite3'}",
         "SENTDP_ADAPTIVE_BATCHING": str(batching).lower(),
         "SENTDP_WORKER_THREADS": str(THREADS),
     }
-    return Server(env, log=folder / f"server-{batching}.log").start()
+    return Server(env, log=folder / f"server-{name}.log").start()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=os.environ.get("SENTDP_MODEL", "sentdp-bbc-news:latest"))
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=[os.environ.get("SENTDP_MODEL", "sentdp-bbc-news:latest")],
+        help="bundles to serve one after another (e.g. one per encoder backend)",
+    )
     parser.add_argument("--documents", type=int, default=96, help="documents per concurrency level")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument(
+        "--batching-off", action="store_true", help="also serve with adaptive batching off"
+    )
     args = parser.parse_args()
 
-    import bentoml
+    from training.store import load_from_store
 
-    model_dir = Path(bentoml.models.get(args.model).path) / "encoder"
     documents = load_documents(args.documents + 8, seed=1)
     warmup, measured = documents[:8], documents[8:]
     sentences = sum(len(d) for d in measured)
     print(f"{len(measured)} BBC News test documents, {sentences} sentences, {THREADS} threads")
-    raw = raw_encoder_rates(measured, model_dir, batch=64)
-    ceiling = raw["sentence-transformers encode"]
+    bundles = {model: load_from_store(model) for model in args.models}
+    first = next(iter(bundles.values()))
+    reference = plain_rate(measured, first.encoder_dir, batch=64)
+    raw: dict[str, float] = {"sentence-transformers encode (torch)": reference}
+    for bundle in bundles.values():
+        raw |= raw_encoder_rates(measured, bundle.encoder_dir, bundle.encoder_backend, 64)
 
-    rows: list[tuple[str, dict[str, Any]]] = []
+    rows: list[tuple[str, str, dict[str, Any]]] = []
     starts: dict[str, float] = {}
     peaks: dict[str, int] = {}
+    modes: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="sentdp-bench-") as scratch:
-        for batching in (True, False):
-            label = "batching on" if batching else "batching off"
-            server = serve(args.model, Path(scratch), batching)
-            sampler = RssSampler(server)
-            sampler.start()
-            try:
-                starts[label] = server.cold_start_seconds
-                asyncio.run(load(server, warmup, 4))
-                for concurrency in args.concurrency:
-                    result = asyncio.run(load(server, measured, concurrency))
-                    rows.append((f"service, {label}, concurrency {concurrency}", result))
-            finally:
-                sampler.running = False
-                sampler.join()
-                peaks[label] = sampler.peak
-                server.stop()
+        for model, bundle in bundles.items():
+            backend = bundle.encoder_backend
+            for batching in (True, False) if args.batching_off else (True,):
+                label = f"{backend}, batching {'on' if batching else 'off'}"
+                server = serve(model, Path(scratch), batching)
+                sampler = RssSampler(server)
+                sampler.start()
+                try:
+                    starts[label] = server.cold_start_seconds
+                    modes[label] = encoder_mode(server)
+                    asyncio.run(load(server, warmup, 4))
+                    for concurrency in args.concurrency:
+                        before = histogram_totals(server)
+                        result = asyncio.run(load(server, measured, concurrency))
+                        after = histogram_totals(server)
+                        result["breakdown"] = {
+                            name: (after[name][0] - before.get(name, (0, 0))[0])
+                            / max(after[name][1] - before.get(name, (0, 0))[1], 1)
+                            for name in after
+                        }
+                        result["batches"] = (
+                            after["worker batch"][1] - before.get("worker batch", (0, 0))[1]
+                        )
+                        rows.append((backend, f"{label}, concurrency {concurrency}", result))
+                finally:
+                    sampler.running = False
+                    sampler.join()
+                    peaks[label] = sampler.peak
+                    server.stop()
 
-    header = ("measurement", "sent/s", "docs/s", "x raw", "p50 s", "p95 s", "p99 s", "fail")
-    print("{:44s} {:>8s} {:>7s} {:>6s} {:>7s} {:>7s} {:>7s} {:>5s}".format(*header))
+    header = ("measurement", "sent/s", "docs/s", "x st", "x own", "p50 s", "p95 s", "p99 s", "fail")
+    line = "{:58s} {:>8s} {:>7s} {:>6s} {:>6s} {:>7s} {:>7s} {:>7s} {:>5s}"
+    print(line.format(*header))
     for name, rate in raw.items():
-        print(f"{name:44s} {rate:8.1f} {'':>7s} {rate / ceiling:6.2f}")
-    for name, r in rows:
+        print(f"{name:58s} {rate:8.1f} {'':>7s} {rate / reference:6.2f}")
+    for backend, name, r in rows:
+        fixed = "fixed batches" if "fixed" in modes[name.rsplit(",", 1)[0]] else "buckets"
+        alone = "one doc at a time" if name.endswith("concurrency 1") else ""
+        own = raw[f"sentdp {backend} encoder, {fixed}" + (f", {alone}" if alone else "")]
         print(
-            f"{name:44s} {r['sentences_per_s']:8.1f} {r['documents_per_s']:7.2f} "
-            f"{r['sentences_per_s'] / ceiling:6.2f} {r['p50']:7.2f} {r['p95']:7.2f} "
-            f"{r['p99']:7.2f} {r['failures']:5d}"
+            f"{name:58s} {r['sentences_per_s']:8.1f} {r['documents_per_s']:7.2f} "
+            f"{r['sentences_per_s'] / reference:6.2f} {r['sentences_per_s'] / own:6.2f} "
+            f"{r['p50']:7.2f} {r['p95']:7.2f} {r['p99']:7.2f} {r['failures']:5d}"
         )
         if r["failures"]:
             print(f"    failed requests by status: {r['failure_statuses']}")
+    print()
+    print("mean seconds per request (gateway, ledger operation, worker call) and per batch")
+    names = list(BREAKDOWN)
+    print("{:58s} ".format("measurement") + " ".join(f"{n:>12s}" for n in names) + "  batches")
+    for _, name, r in rows:
+        cells = " ".join(f"{r['breakdown'].get(n, float('nan')):12.4f}" for n in names)
+        print(f"{name:58s} {cells}  {r['batches']:7.0f}")
+    print()
     for label, seconds in starts.items():
         print(
-            f"{label}: cold start (launch to /readyz) {seconds:.1f} s, "
-            f"peak RSS of the server {peaks[label] / 2**20:.0f} MiB"
+            f"{label}: encoder mode {modes[label]}, cold start (launch to /readyz) "
+            f"{seconds:.1f} s, peak RSS of the server {peaks[label] / 2**20:.0f} MiB"
         )
 
 

@@ -137,16 +137,19 @@ class Worker:
         return mode
 
     def _reopen(self, device: str) -> Any:
-        """The bundle's encoder again, on ``device``, in fixed-shape batches."""
+        """The bundle's encoder again, on ``device``, in fixed-shape batches (small ones on
+        the CPU, where padding rows cost as much as real ones)."""
         from sentdp.encoders import open_encoder
 
+        settings = load_settings()
+        rows = settings.encode_batch_size if device.startswith("cuda") else None
         return open_encoder(
             self.encoder.path,
             self.bundle.encoder_backend,
             device,
-            self.encoder.batch_size,
+            rows or settings.cpu_fixed_batch_size,
             fixed_batch=True,
-            threads=load_settings().worker_threads,
+            threads=settings.worker_threads,
         )
 
     def _run(self, requests: list[WorkRequest], key: str) -> list[WorkReply]:
@@ -220,7 +223,9 @@ class Worker:
         from sentdp.encoders import recode
 
         self._inject_fault(items, "before")
+        started = time.perf_counter()
         encoded = self._encode_distinct(items, tenants)
+        metric("worker_seconds").labels("encode").observe(time.perf_counter() - started)
         bounds = np.cumsum([0] + [len(item.sentences) for item in items])
         documents = [encoded[bounds[n] : bounds[n + 1]] for n in range(len(items))]
         plans: list[Any] = [None] * len(items)

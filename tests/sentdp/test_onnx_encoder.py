@@ -137,3 +137,14 @@ def test_bundles_before_backends_ran_torch(tmp_path) -> None:
     old.check_encoder("torch")
     with pytest.raises(InputError, match="trained with the torch encoder backend"):
         old.check_encoder("onnx")
+
+
+def test_an_evaluation_never_mixes_backends(tmp_path) -> None:
+    from evaluation.experiment import _check_same_corpus
+
+    torch_bundle = tiny_bundle(encoder_dir=tmp_path)
+    onnx_manifest = torch_bundle.manifest.model_copy(update={"encoder": {"backend": "onnx"}})
+    onnx_bundle = dataclasses.replace(torch_bundle, manifest=onnx_manifest)
+    _check_same_corpus([torch_bundle, torch_bundle])
+    with pytest.raises(ValueError, match="share an encoder backend"):
+        _check_same_corpus([torch_bundle, onnx_bundle])

@@ -1,0 +1,54 @@
+"""A bundle trained with an ONNX Runtime backend, served for real: answers without torch in
+any server process, and refuses to start where the deployment expects another backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support import TENANTS, Server, privatize, write_tenants
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def int8_tag() -> str:
+    from training.pipeline import TrainConfig, run_training
+    from training.settings import load_settings
+
+    config = TrainConfig(
+        dataset="bbc-news", name="sentdp-test-int8", encoder_backend="onnx-int8"
+    ).quick()
+    return run_training(config, load_settings()).tag
+
+
+def serve(tag: str, folder: Path, expected: str, timeout: float = 300.0) -> Server:
+    env = {
+        "SENTDP_MODEL": tag,
+        "SENTDP_TENANTS_FILE": str(write_tenants(folder / "tenants.json")),
+        "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
+        "SENTDP_ENCODER_BACKEND": expected,
+    }
+    return Server(env, log=folder / "server.log").start(timeout)
+
+
+def test_an_int8_bundle_serves_without_torch(int8_tag, tmp_path) -> None:
+    server = serve(int8_tag, tmp_path, "onnx-int8")
+    try:
+        response = privatize(server, "onnx-user", 2.0, TENANTS[0].key)
+        assert response.status_code == 200, response.text
+        (document,) = response.json()["documents"]
+        assert (document["k"], len(document["embedding"])) == (4, 384)
+        mapped = {Path(m.path).name for p in server._tree() for m in p.memory_maps() if m.path}
+        assert any(name.startswith("libonnxruntime") for name in mapped)
+        assert not any(name.startswith("libtorch") for name in mapped)
+    finally:
+        server.stop()
+
+
+def test_a_deployment_expecting_torch_refuses_the_int8_bundle(int8_tag, tmp_path) -> None:
+    with pytest.raises(RuntimeError):
+        serve(int8_tag, tmp_path, "torch", timeout=120)
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    assert "trained with the onnx-int8 encoder backend and cannot serve with torch" in log
