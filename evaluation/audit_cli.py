@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     console = Console(stderr=True)
     settings = load_settings()
     bundle = load_from_store(args.model)
+    bundle.check_encoder()
     loss = ExactLoss(
         bundle, open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device)
     )

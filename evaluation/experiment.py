@@ -11,6 +11,7 @@ labels except to score.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -170,10 +171,15 @@ def _check_same_corpus(bundles: Sequence[Bundle]) -> None:
 
     if len({corpus_of(b) for b in bundles}) > 1:
         raise ValueError("bundles evaluated together must share corpus and splits")
-    if len({b.encoder_backend for b in bundles}) > 1:  # they would share the first's embeddings
+
+    def encoder_of(bundle: Bundle) -> str:
+        described = {k: v for k, v in bundle.manifest.encoder.items() if k != "name"}
+        return json.dumps({"backend": bundle.encoder_backend} | described, sort_keys=True)
+
+    if len({encoder_of(b) for b in bundles}) > 1:  # they would share the first's embeddings
         raise ValueError(
-            "bundles evaluated together must share an encoder backend; evaluate each backend "
-            "in its own run"
+            "bundles evaluated together must share an encoder (backend and files); evaluate "
+            "each in its own run"
         )
 
 

@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sentdp.encoders import MLP, backend_of
+from sentdp.encoders import MLP, backend_of, encoder_files_sha256
 from sentdp.errors import InputError
 from sentdp.labels import SentenceVote
 from sentdp.mechanism import DeepCandidate
@@ -321,11 +321,19 @@ class Bundle:
                 "than the ones H, the candidates and the p table were made from; train a "
                 f"bundle with --encoder-backend {expected_backend}"
             )
+        recorded = self.manifest.encoder.get("files_sha256")
+        if recorded is not None and encoder_files_sha256(self.encoder_dir) != recorded:
+            raise InputError(
+                f"the bundle's encoder files in {self.encoder_dir} are not the ones it was "
+                "trained with (their digest differs from the manifest's)"
+            )
         if backend == "torch":
             return
         from sentdp.onnx_encoder import ONNX_FILES, file_sha256
 
-        graph = self.encoder_dir / ONNX_FILES.get(backend, "onnx/missing")
+        if backend not in ONNX_FILES:
+            raise InputError(f"the bundle names an unknown encoder backend {backend!r}")
+        graph = self.encoder_dir / ONNX_FILES[backend]
         if not graph.is_file():
             raise InputError(f"the bundle's {backend} encoder has no graph at {graph}")
         if file_sha256(graph) != self.manifest.encoder.get("onnx_sha256"):

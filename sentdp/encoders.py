@@ -18,6 +18,7 @@ fixed blocks of rows, so their outputs are also independent of batch composition
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import defaultdict
@@ -170,6 +171,19 @@ class Encoder(Protocol):
     def buckets_of(self, sentences: Sequence[str]) -> list[int]: ...
 
     def encode(self, sentences: Sequence[str]) -> npt.NDArray[np.float32]: ...
+
+
+def encoder_files_sha256(directory: Path) -> str:
+    """One digest of every file of an encoder directory (weights, tokenizer, configs, graphs):
+    what a bundle records so that it serves with exactly the encoder it was trained with."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0")
+    return digest.hexdigest()
 
 
 def backend_of(described: dict[str, Any]) -> str:

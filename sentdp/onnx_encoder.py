@@ -98,6 +98,10 @@ class OnnxSentenceEncoder:
             str(self.model_file), options, providers=["CPUExecutionProvider"]
         )
         self._inputs = [i.name for i in self._session.get_inputs()]
+        unknown = set(self._inputs) - set(INPUT_NAMES)
+        if unknown:
+            raise InputError(f"the graph {self.model_file} asks for unknown inputs {unknown}")
+        self._filler = self._tokenizer.encode(".").ids  # public padding rows, as torch's
         self.dim = int(self._run(self._pad([self._tokenizer.encode("probe").ids], 8)).shape[1])
 
     def describe(self) -> dict[str, Any]:
@@ -143,7 +147,7 @@ class OnnxSentenceEncoder:
                 chunk = members[start : start + self.batch_size]
                 rows = [ids for _, ids in chunk]
                 if self.fixed_batch:  # one input shape per bucket
-                    rows += [rows[0]] * (self.batch_size - len(rows))
+                    rows += [self._filler] * (self.batch_size - len(rows))
                 encoded = self._run(self._pad(rows, bucket))
                 out[[index for index, _ in chunk]] = encoded[: len(chunk)]
         return out

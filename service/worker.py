@@ -123,15 +123,19 @@ class Worker:
                     use_deterministic_kernels()
                 self.encoder = self._reopen(device)
                 violations = batch_invariance_violations(self.encoder)
-            except RuntimeError:
+            except Exception:
                 logs.logger.exception("deterministic encoding failed")
                 violations = ["deterministic kernels unavailable"]
         if violations and cuda:
             mode = "cpu-fallback"
             self.encoder = self._reopen("cpu")
             violations = batch_invariance_violations(self.encoder)
-        if violations:
+        if violations:  # fail closed: batching would let one sentence move another's embedding
             logs.log_event("encoder_not_batch_invariant", logging.ERROR, device=device, mode=mode)
+            raise RuntimeError(
+                "the encoder's output depends on its batch even in fixed-shape batches; "
+                "refusing to serve (see the encoder_not_batch_invariant log event)"
+            )
         level = logging.WARNING if mode not in ("cuda", "cpu") else logging.INFO
         logs.log_event("encoder_batch_invariance", level, device=device, mode=mode)
         return mode

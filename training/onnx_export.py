@@ -66,10 +66,12 @@ def exported_encoder(
         if backend == "onnx-int8":
             _quantize(float_graph, work, calibration)
             float_graph.unlink()
-        if target.exists():  # another process made it meanwhile
-            shutil.rmtree(work)
-            return target
-        work.rename(target)
+        try:
+            work.rename(target)
+        except OSError:  # another process made it meanwhile
+            if not (target / ONNX_FILES[backend]).is_file():
+                raise
+            shutil.rmtree(work, ignore_errors=True)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

@@ -25,9 +25,11 @@ from sentdp.encoders import (
     Encoder,
     SentenceEncoder,
     default_encoder_path,
+    encoder_files_sha256,
     open_encoder,
     recode,
 )
+from sentdp.errors import InputError
 from sentdp.text import SentenceSplitter, TextLimits
 from training.candidates import choose_candidates
 from training.classifiers import train_classifier
@@ -56,6 +58,8 @@ VERSIONED_PACKAGES = (
     "numpy",
     "scikit-learn",
     "bentoml",
+    "onnxruntime",
+    "tokenizers",
 )
 
 
@@ -148,6 +152,10 @@ def _encoder(
         return SentenceEncoder(settings.encoder_dir, settings.device, settings.encode_batch_size)
     from training.onnx_export import exported_encoder
 
+    if settings.device not in (None, "cpu"):
+        raise InputError(
+            f"the {config.encoder_backend} backend runs on the CPU, not on {settings.device}"
+        )
     source = settings.encoder_dir or default_encoder_path()
     rng = np.random.default_rng(config.seed)
     train = [corpus.documents[int(i)] for i in rng.permutation(splits.train)]
@@ -379,7 +387,7 @@ def bundle_manifest(
             splits=splits.sizes(),
             labels=corpus.labels,
         ),
-        encoder=encoder.describe(),
+        encoder=encoder.describe() | {"files_sha256": encoder_files_sha256(encoder.path)},
         splitter=splitter,
         variants=[v.record for v in variants],
         p_table=p_table,

@@ -14,9 +14,11 @@ import pytest
 from sentdp.bundle import Bundle
 from sentdp.encoders import (
     INVARIANCE_PROBES,
+    TokenCounter,
     backend_of,
     batch_invariance_violations,
     default_encoder_path,
+    encoder_files_sha256,
     open_encoder,
 )
 from sentdp.errors import InputError
@@ -98,7 +100,8 @@ def test_backends_refuse_what_they_cannot_do(exported) -> None:
 def _onnx_bundle(exported: dict[str, Path], backend: str, tmp_path: Path) -> Path:
     encoder = open_encoder(exported[backend], backend)
     base = tiny_bundle(encoder_dir=exported[backend])
-    manifest = base.manifest.model_copy(update={"encoder": encoder.describe()})
+    described = encoder.describe() | {"files_sha256": encoder_files_sha256(encoder.path)}
+    manifest = base.manifest.model_copy(update={"encoder": described})
     directory = tmp_path / "bundle"
     dataclasses.replace(base, manifest=manifest).save(directory)
     return directory
@@ -126,8 +129,39 @@ def test_a_bundle_refuses_a_swapped_graph(exported, tmp_path) -> None:
     graph = directory / "encoder" / ONNX_FILES["onnx"]
     graph.unlink()
     shutil.copy(exported["onnx-int8"] / ONNX_FILES["onnx-int8"], graph)
-    with pytest.raises(InputError, match="not the one it recorded"):
+    with pytest.raises(InputError, match="not the ones it was trained with"):
         Bundle.load(directory).check_encoder()
+
+
+def test_a_bundle_refuses_an_edited_tokenizer_or_config(exported, tmp_path) -> None:
+    directory = _onnx_bundle(exported, "onnx-int8", tmp_path)
+    Bundle.load(directory).check_encoder()
+    config = directory / "encoder" / "sentence_bert_config.json"
+    config.write_text(config.read_text().replace("256", "128"))
+    with pytest.raises(InputError, match="not the ones it was trained with"):
+        Bundle.load(directory).check_encoder()
+
+
+EDGE_TEXTS = [
+    "",
+    "   ",
+    "Tabs\tand\u2028line separators\u00a0here.",
+    "\u4e2d\u6587\u53e5\u5b50\uff0c\u8fd8\u6709\u6807\u70b9\u3002",
+    "x" * 3000,
+    "Emoji 😀 and [PAD] [SEP] [CLS] written as text.",
+    " ".join(["token"] * 400),
+]
+
+
+def test_token_ids_are_torchs_and_the_gateways(encoder, exported) -> None:
+    """The worker's ids (tokenizers) are the HF tokenizer's, truncation included, and the
+    gateway's TokenCounter charges the same buckets."""
+    onnx = open_encoder(exported["onnx"], "onnx")
+    assert isinstance(onnx, OnnxSentenceEncoder)
+    hf = encoder._model.tokenizer(EDGE_TEXTS, truncation=True, max_length=encoder.max_tokens)
+    assert onnx._ids(EDGE_TEXTS) == hf["input_ids"]
+    counter = TokenCounter(exported["onnx"], onnx.max_tokens)
+    assert counter.padded_tokens(EDGE_TEXTS) == onnx.buckets_of(EDGE_TEXTS)
 
 
 def test_bundles_before_backends_ran_torch(tmp_path) -> None:
@@ -146,5 +180,5 @@ def test_an_evaluation_never_mixes_backends(tmp_path) -> None:
     onnx_manifest = torch_bundle.manifest.model_copy(update={"encoder": {"backend": "onnx"}})
     onnx_bundle = dataclasses.replace(torch_bundle, manifest=onnx_manifest)
     _check_same_corpus([torch_bundle, torch_bundle])
-    with pytest.raises(ValueError, match="share an encoder backend"):
+    with pytest.raises(ValueError, match="must share an encoder"):
         _check_same_corpus([torch_bundle, onnx_bundle])
