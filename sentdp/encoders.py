@@ -338,22 +338,25 @@ def batch_invariance_violations(
 ) -> list[str]:
     """Where a probe's embedding inside a batch differs in any bit from the probe alone.
 
-    Each probe is encoded alone, then at several positions of batches of several sizes
-    filled with the other probes (mixed buckets) and with copies of itself (one bucket).
+    For each batch size: batches that cycle through the probes in two orders (mixed buckets,
+    every probe at several positions) and batches of copies of the first and of the last
+    probe (one bucket); every row of every batch is compared with its probe encoded alone.
+    About 2 x sum(batch_sizes) x 2 rows in all, so the worker's start-up check takes seconds.
     An empty list means batch composition did not move any probe on this device.
     """
     alone = [encoder.encode([probe])[0] for probe in probes]
+    n = len(probes)
     found = []
     for size in batch_sizes:
-        for n, probe in enumerate(probes):
-            others = [probes[(n + j + 1) % len(probes)] for j in range(size - 1)]
-            for position in {0, size // 2, size - 1}:
-                for fill, name in ((others, "mixed"), ([probe] * (size - 1), "same")):
-                    batch = [*fill[:position], probe, *fill[position:]]
-                    row = encoder.encode(batch)[position]
-                    if not np.array_equal(row, alone[n]):
-                        delta = float(np.abs(row - alone[n]).max())
-                        found.append(f"probe {n}, {name} batch of {size} at {position}: {delta:g}")
+        layouts = [("mixed", [(i + shift) % n for i in range(size)]) for shift in (0, n // 2)] + [
+            ("same", [index] * size) for index in sorted({0, n - 1})
+        ]
+        for name, order in layouts:
+            rows = encoder.encode([probes[index] for index in order])
+            for position, (index, row) in enumerate(zip(order, rows, strict=True)):
+                if not np.array_equal(row, alone[index]):
+                    delta = float(np.abs(row - alone[index]).max())
+                    found.append(f"probe {index}, {name} batch of {size} at {position}: {delta:g}")
     return found
 
 
