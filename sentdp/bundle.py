@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sentdp.encoders import MLP, backend_of, encoder_files_sha256
+from sentdp.encoders import MLP, backend_of, encoder_files_sha256, file_sha256
 from sentdp.errors import InputError
 from sentdp.labels import SentenceVote
 from sentdp.mechanism import DeepCandidate
@@ -329,7 +329,7 @@ class Bundle:
             )
         if backend == "torch":
             return
-        from sentdp.onnx_encoder import ONNX_FILES, file_sha256
+        from sentdp.onnx_encoder import ONNX_FILES
 
         if backend not in ONNX_FILES:
             raise InputError(f"the bundle names an unknown encoder backend {backend!r}")

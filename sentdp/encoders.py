@@ -173,15 +173,27 @@ class Encoder(Protocol):
     def encode(self, sentences: Sequence[str]) -> npt.NDArray[np.float32]: ...
 
 
+def _feed(digest: Any, path: Path) -> None:
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of one file, read in blocks."""
+    digest = hashlib.sha256()
+    _feed(digest, path)
+    return digest.hexdigest()
+
+
 def encoder_files_sha256(directory: Path) -> str:
     """One digest of every file of an encoder directory (weights, tokenizer, configs, graphs):
-    what a bundle records so that it serves with exactly the encoder it was trained with."""
+    what a bundle records so that it serves with exactly the encoder it was trained with, and
+    what keys the caches derived from an encoder."""
     digest = hashlib.sha256()
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+        _feed(digest, path)
         digest.update(b"\0")
     return digest.hexdigest()
 

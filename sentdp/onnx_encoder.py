@@ -20,7 +20,6 @@ Serving an ONNX bundle imports neither torch nor sentence-transformers.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -30,20 +29,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sentdp.encoders import LENGTH_BUCKETS, bucket_of, length_buckets
+from sentdp.encoders import LENGTH_BUCKETS, bucket_of, file_sha256, length_buckets
 from sentdp.errors import InputError
 
 ONNX_FILES = {"onnx": "onnx/model.onnx", "onnx-int8": "onnx/model_int8.onnx"}
 """Where each ONNX backend's graph lives inside an encoder directory."""
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def max_tokens_of(model_dir: Path) -> int:
@@ -136,7 +127,7 @@ class OnnxSentenceEncoder:
 
     def encode(self, sentences: Sequence[str]) -> npt.NDArray[np.float32]:
         """(n, dim) float32 embeddings, each computed as if its sentence were alone."""
-        out = np.empty((len(sentences), getattr(self, "dim", 0)), dtype=np.float32)
+        out = np.empty((len(sentences), self.dim), dtype=np.float32)
         if not sentences:
             return out
         groups: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)

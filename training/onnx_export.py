@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sentdp.encoders import SentenceEncoder, length_buckets
+from sentdp.encoders import SentenceEncoder, encoder_files_sha256, length_buckets
 from sentdp.errors import InputError
 from sentdp.onnx_encoder import INPUT_NAMES, ONNX_FILES, OnnxSentenceEncoder
 
@@ -46,10 +46,7 @@ def exported_encoder(
         raise InputError(f"no ONNX export for backend {backend!r}")
     if backend == "onnx-int8" and not calibration:
         raise InputError("int8 needs public calibration sentences")
-    digest = hashlib.sha256(backend.encode())
-    for path in sorted(p for p in source.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(source).as_posix().encode())
-        digest.update(path.read_bytes())
+    digest = hashlib.sha256(backend.encode() + encoder_files_sha256(source).encode())
     if backend == "onnx-int8":
         for sentence in calibration:
             digest.update(sentence.encode() + b"\0")

@@ -157,9 +157,11 @@ def _encoder(
             f"the {config.encoder_backend} backend runs on the CPU, not on {settings.device}"
         )
     source = settings.encoder_dir or default_encoder_path()
-    rng = np.random.default_rng(config.seed)
-    train = [corpus.documents[int(i)] for i in rng.permutation(splits.train)]
-    calibration = [s for document in train[:200] for s in document.sentences]
+    calibration: list[str] = []
+    if config.encoder_backend == "onnx-int8":
+        rng = np.random.default_rng(config.seed)
+        train = [corpus.documents[int(i)] for i in rng.permutation(splits.train)]
+        calibration = [s for document in train[:200] for s in document.sentences]
     directory = exported_encoder(source, config.encoder_backend, settings.cache_dir, calibration)
     return open_encoder(
         directory,
