@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,7 +67,7 @@ def draw_words(rng: RandomBytes, draws: int) -> npt.NDArray[np.uint64]:
     return np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(draws, WORDS_PER_DRAW)
 
 
-def _exact_product(a: float, n: int) -> tuple[float, float]:
+def exact_product(a: float, n: int) -> tuple[float, float]:
     """``a * n`` as an unevaluated sum hi + lo, exact for a finite float a and an int n."""
     num, den = a.as_integer_ratio()
     exact_num = num * n
@@ -108,7 +109,7 @@ def level_weights(counts: list[int], deviations: list[int], epsilon: float) -> l
     base = deviations[0]
     weights = []
     for count, dev in zip(counts, deviations, strict=True):
-        hi, lo = _exact_product(rate, dev - base)
+        hi, lo = exact_product(rate, dev - base)
         weights.append(count * (math.exp(-hi) * (1.0 - lo)))
     return weights
 
@@ -119,19 +120,36 @@ def plan_selection(deviations: npt.NDArray[np.integer], epsilon: float) -> Selec
     ``deviations`` are ``max_j |2 h_j - k|`` per candidate (utility ``-dev / 2``); ``epsilon``
     is the privacy parameter the mechanism runs at (already reduced by the float slack).
     """
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise InternalError(f"plan_selection needs a finite epsilon > 0, got {epsilon!r}")
+
+    def weights(counts: list[int], level_devs: list[int]) -> list[int]:
+        return [_scaled_integer(w) for w in level_weights(counts, level_devs, epsilon)]
+
+    return plan_levels(deviations, weights)
+
+
+LevelWeights = Callable[[list[int], list[int]], list[int]]
+"""``(counts, deviations) -> weights``: one non-negative integer per level (deepest first),
+proportional to the probability that the level is drawn."""
+
+
+def plan_levels(deviations: npt.NDArray[np.integer], weights: LevelWeights) -> SelectionPlan:
+    """Group candidates into levels of equal deviation and turn ``weights(counts, deviations)``
+    into the inverse-CDF thresholds: each level's probability within 2**-64 of its exact
+    share of the integer weights."""
     devs = np.asarray(deviations)
     m = devs.shape[0]
     if m == 0 or m >= _MAX_CANDIDATES:
         raise InternalError(f"cannot sample among {m} candidates")
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise InternalError(f"plan_selection needs a finite epsilon > 0, got {epsilon!r}")
     order = np.argsort(devs, kind="stable").astype(np.int64)
     bincounts = np.bincount(devs)
     level_devs = [int(d) for d in np.flatnonzero(bincounts)]
     counts = [int(bincounts[d]) for d in level_devs]
-    weights = level_weights(counts, level_devs, epsilon)
-    scaled = [_scaled_integer(w) for w in weights]
+    scaled = weights(counts, level_devs)
     total = sum(scaled)
+    if len(scaled) != len(counts) or min(scaled) < 0 or total <= 0:
+        raise InternalError("level weights must be one non-negative integer per level")
     thresholds: list[int] = []
     cumulative = 0
     for weight in scaled[:-1]:

@@ -3,6 +3,8 @@ floor, and votes that depend on their own sentence only."""
 
 from __future__ import annotations
 
+import itertools
+import math
 from fractions import Fraction
 from pathlib import Path
 
@@ -11,9 +13,18 @@ import pytest
 from scipy.stats import chisquare
 
 from sentdp.errors import InputError
-from sentdp.labels import VOTE_UNITS, SentenceVote, sampler_epsilon, vote_log_probs
-from sentdp.mechanism import mechanism_epsilon
-from sentdp.sampling import GAMMA, SAMPLER_ABS_ERROR, draw_many, draw_words, plan_selection
+from sentdp.labels import (
+    FLIP_MAX_CLASSES,
+    VOTE_UNITS,
+    SentenceVote,
+    vote_epsilon,
+    vote_log_probs,
+    vote_plan,
+    vote_selection,
+)
+from sentdp.mechanism import privacy_slack
+from sentdp.permute_flip import flip_slack
+from sentdp.sampling import GAMMA, SAMPLER_ABS_ERROR, draw_many, draw_words
 from tests.sentdp.test_sampling import exact_sampler_probabilities
 
 D, R = 24, 5
@@ -96,7 +107,7 @@ def test_every_class_within_2_pow_minus_50_of_log_probs_and_above_the_floor(
     mechanism = vote(3)
     document = np.random.default_rng(4).normal(size=(9, D)) * 4
     deviations = mechanism.deviations(document)
-    plan = plan_selection(deviations, sampler_epsilon(epsilon, R))
+    plan = vote_plan(deviations, epsilon)
     exact = exact_sampler_probabilities(plan)
     assert sum(exact) == 1
     assert min(exact) >= Fraction(GAMMA) * Fraction(1, R) * (1 - Fraction(1, 2**100))
@@ -105,22 +116,53 @@ def test_every_class_within_2_pow_minus_50_of_log_probs_and_above_the_floor(
         assert abs(float(p) - float(np.exp(log_probs[cls]))) <= SAMPLER_ABS_ERROR
 
 
-def test_log_probs_are_the_exponential_mechanism_over_tallies() -> None:
+def permute_and_flip(tallies: np.ndarray, epsilon: float) -> list[Fraction]:
+    """The mechanism as McKenna and Sheldon define it, by enumeration: visit the classes in
+    every order; stop at class c with probability exp(eps' (n_c - n_max) / (2 U))."""
+    run_at = vote_epsilon(epsilon, len(tallies))
+    keep = [
+        Fraction(math.exp(run_at * (int(n) - int(tallies.max())) / (2 * VOTE_UNITS)))
+        for n in tallies
+    ]
+    orders = list(itertools.permutations(range(len(tallies))))
+    out = [Fraction(0)] * len(tallies)
+    for order in orders:
+        going = Fraction(1, len(orders))
+        for c in order:
+            out[c] += going * keep[c]
+            going *= 1 - keep[c]
+    return out
+
+
+@pytest.mark.parametrize("epsilon", [0.3, 1.0, 3.0, 20.0])
+def test_log_probs_are_permute_and_flip_over_tallies(epsilon: float) -> None:
     mechanism = vote(5)
     document = np.random.default_rng(6).normal(size=(6, D)) * 4
     tallies = mechanism.votes(document).sum(axis=0)
-    eps = 2.0
-    scores = mechanism_epsilon(eps, R) * tallies / (2 * VOTE_UNITS)  # eps - eta(r)
-    expected = np.exp(scores - scores.max())
-    expected /= expected.sum()
-    got = np.exp(mechanism.log_probs(document, eps))
-    assert np.allclose(got, (1 - GAMMA) * expected + GAMMA / R, rtol=1e-12, atol=0)
+    expected = [(1 - GAMMA) * float(p) + GAMMA / R for p in permute_and_flip(tallies, epsilon)]
+    got = np.exp(mechanism.log_probs(document, epsilon))
+    assert np.allclose(got, expected, rtol=1e-12, atol=0)
+    # ... and not the exponential mechanism, which it beats: the leader is likelier.
+    scores = vote_epsilon(epsilon, R) * tallies / (2 * VOTE_UNITS)
+    exponential = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+    leader = int(np.argmax(tallies))
+    assert got[leader] > exponential[leader] + (1e-3 if epsilon <= 3 else 0)
+    assert got @ tallies > exponential @ tallies
+
+
+def test_the_vote_s_slack_covers_its_float_error() -> None:
+    assert vote_epsilon(1.0, 13) == 1.0 - flip_slack(13)
+    assert 0 < flip_slack(13) < 1e-6
+    with pytest.raises(InputError):
+        vote_epsilon(flip_slack(5) / 2, 5)
+    with pytest.raises(InputError):
+        vote_epsilon(float("nan"), 5)
 
 
 def test_draws_follow_the_exact_distribution_and_a_wrong_one_is_rejected() -> None:
     deviations = np.array([0, 40, 90, 150, 400])
     words = draw_words(np.random.default_rng(7), 200_000)
-    drawn = draw_many(plan_selection(deviations, sampler_epsilon(3.0, R)), words)
+    drawn = draw_many(vote_plan(deviations, 3.0), words)
     observed = np.bincount(drawn, minlength=R)
     expected = np.exp(vote_log_probs(deviations, 3.0)) * 200_000
     assert chisquare(observed, expected * 200_000 / expected.sum()).pvalue > 1e-3
@@ -170,3 +212,24 @@ def test_a_bundle_keeps_its_vote_and_refuses_a_table_that_needs_a_missing_one(
     old = tiny_bundle(encoder_dir=tmp_path / "encoder")  # a bundle from before the vote
     old.save(tmp_path / "old")
     assert Bundle.load(tmp_path / "old").vote is None
+
+
+def test_above_the_flip_limit_the_vote_is_the_exponential_mechanism() -> None:
+    classes = FLIP_MAX_CLASSES + 8
+    assert vote_selection(FLIP_MAX_CLASSES) == "permute-and-flip"
+    assert vote_selection(classes) == "exponential"
+    mechanism = vote(11, classes=classes)
+    document = np.random.default_rng(12).normal(size=(6, D)) * 4
+    tallies = mechanism.votes(document).sum(axis=0)
+    assert vote_epsilon(2.0, classes) == 2.0 - privacy_slack(classes)
+    scores = vote_epsilon(2.0, classes) * tallies / (2 * VOTE_UNITS)
+    expected = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+    got = np.exp(mechanism.log_probs(document, 2.0))
+    assert np.allclose(got, (1 - GAMMA) * expected + GAMMA / classes, rtol=1e-12, atol=0)
+    exact = exact_sampler_probabilities(vote_plan(mechanism.deviations(document), 2.0))
+    assert max(abs(float(p) - g) for p, g in zip(exact, got, strict=True)) <= SAMPLER_ABS_ERROR
+    base = mechanism.log_probs(document, 2.0)
+    for replacement in [pushes(mechanism, c) for c in range(0, classes, 7)]:
+        changed = document.copy()
+        changed[0] = replacement
+        assert np.max(np.abs(mechanism.log_probs(changed, 2.0) - base)) <= 2.0 + 1e-9
