@@ -11,8 +11,10 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from evaluation.experiment import EvalConfig, run_evaluation
+from evaluation.experiment import EvalConfig, rescore_labels, run_evaluation
 from evaluation.report import RESULTS, read_results, write_report
+from evaluation.results import EvaluationResults
+from sentdp.bundle import Bundle
 from sentdp.errors import SentDPError
 from training.settings import load_settings
 from training.store import load_from_store
@@ -46,6 +48,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="2 trials, 20 test documents")
     parser.add_argument(
+        "--labels-only",
+        action="store_true",
+        help=f"score only the label rows (SentenceVote, /classify as served) again, into the "
+        f"--out folder's {RESULTS}; every other row is kept",
+    )
+    parser.add_argument(
         "--render-only",
         action="store_true",
         help=f"only redraw report.md and the plots from the --out folder's {RESULTS}",
@@ -62,6 +70,15 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         baselines=tuple(args.baselines),
     )
     return config.quick() if args.quick else config
+
+
+def _previous_results(
+    out: Path | None, bundles: list[Bundle], console: Console
+) -> EvaluationResults:
+    folder = out or Path("reports") / bundles[0].manifest.corpus.name
+    if not (folder / RESULTS).is_file():
+        fail(console, f"--labels-only needs a {RESULTS} in {folder} (or --out) to update")
+    return read_results(folder)
 
 
 def fail(console: Console, message: str) -> NoReturn:
@@ -83,12 +100,17 @@ def main(argv: list[str] | None = None) -> None:
     config = config_from_args(args)
     if config.k_epsilon not in config.epsilons:
         fail(console, "--k-epsilon must be one of --epsilons")
+    command = "sentdp-eval " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
         bundles = [load_from_store(tag) for tag in args.model]
-        results = run_evaluation(bundles, load_settings(), config, log=console.print)
+        if args.labels_only:
+            previous = _previous_results(args.out, bundles, console)
+            results = rescore_labels(bundles, previous, load_settings(), config, console.print)
+            command = f"{previous.command or 'sentdp-eval (command not recorded)'} && {command}"
+        else:
+            results = run_evaluation(bundles, load_settings(), config, log=console.print)
     except (SentDPError, FileNotFoundError, ValueError) as error:
         fail(console, str(error))
-    command = "sentdp-eval " + shlex.join(argv if argv is not None else sys.argv[1:])
     results = dataclasses.replace(results, command=command)
     for path in write_report(results, args.out or Path("reports") / results.corpus):
         console.print(f"wrote {path}")

@@ -22,6 +22,9 @@ import numpy.typing as npt
 
 from evaluation.baselines import TruncationBox, WordMetricDP, random_guess_macro_f1
 from evaluation.results import (
+    DEEPCANDIDATE,
+    SERVED,
+    VOTE,
     EvaluationResults,
     KSweep,
     MethodScores,
@@ -99,22 +102,7 @@ def run_evaluation(
     task-tuned bundle); the baselines use the first bundle's encoder and C_nonpriv.
     """
     started = time.perf_counter()
-    seed_everything(config.seed, settings.threads)
-    _check_same_corpus(bundles)
-    bundle = bundles[0]
-    corpus, splits = evaluation_corpus(bundle, settings)
-    bundle.check_encoder()
-    encoder = open_encoder(
-        bundle.encoder_dir,
-        bundle.encoder_backend,
-        settings.device,
-        settings.encode_batch_size,
-        threads=settings.threads,
-    )
-    embeddings = embed_corpus(
-        corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter), show_progress=False
-    )
-    run = Experiment(bundle, corpus, splits, encoder, embeddings, settings, config, log)
+    run = _experiment(bundles, settings, config, log)
     run.nonprivate_and_guess()
     for each in bundles:
         run.deepcandidate(each)
@@ -126,7 +114,7 @@ def run_evaluation(
         run.word_mdp()
     return EvaluationResults(
         models={b.manifest.name: b.manifest.recipe for b in bundles},
-        corpus=corpus.name,
+        corpus=run.corpus.name,
         test_documents=len(run.test),
         epsilons=config.epsilons,
         trials=config.trials,
@@ -181,6 +169,94 @@ def _check_same_corpus(bundles: Sequence[Bundle]) -> None:
             "bundles evaluated together must share an encoder (backend and files); evaluate "
             "each in its own run"
         )
+
+
+def _experiment(
+    bundles: Sequence[Bundle],
+    settings: TrainingSettings,
+    config: EvalConfig,
+    log: Callable[[str], None],
+) -> Experiment:
+    """The test documents and their embeddings under the first bundle's encoder."""
+    seed_everything(config.seed, settings.threads)
+    _check_same_corpus(bundles)
+    bundle = bundles[0]
+    corpus, splits = evaluation_corpus(bundle, settings)
+    bundle.check_encoder()
+    encoder = open_encoder(
+        bundle.encoder_dir,
+        bundle.encoder_backend,
+        settings.device,
+        settings.encode_batch_size,
+        threads=settings.threads,
+    )
+    embeddings = embed_corpus(
+        corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter), show_progress=False
+    )
+    return Experiment(bundle, corpus, splits, encoder, embeddings, settings, config, log)
+
+
+def rescore_labels(
+    bundles: Sequence[Bundle],
+    previous: EvaluationResults,
+    settings: TrainingSettings,
+    config: EvalConfig,
+    log: Callable[[str], None] = print,
+) -> EvaluationResults:
+    """``previous`` with only the label rows (SentenceVote, /classify as served) scored again,
+    e.g. after the label mechanism changed: every other row stays as it was.
+
+    Refused unless the bundles, test documents, epsilons and trials are the ones ``previous``
+    scored, and each bundle still picks the (variant, p) that ``previous``'s DeepCandidate row
+    records at every epsilon (the served label may be that candidate's).
+    """
+    started = time.perf_counter()
+    names = [b.manifest.name for b in bundles]
+    if names != list(previous.models):
+        raise ValueError(f"the report scored {list(previous.models)}, not {names}")
+    if (previous.epsilons, previous.trials, previous.k_epsilon) != (
+        config.epsilons,
+        config.trials,
+        config.k_epsilon,
+    ):
+        raise ValueError("epsilons, trials and the k-sweep epsilon must be the report's")
+    run = _experiment(bundles, settings, config, log)
+    if len(run.test) != previous.test_documents:
+        raise ValueError(f"the report scored {previous.test_documents} test documents")
+    for bundle in bundles:
+        method = deepcandidate_method(bundle.manifest.name)
+        for epsilon in config.epsilons:
+            recorded, choice = previous.score(method, epsilon), bundle.manifest.choice_for(epsilon)
+            if (recorded.variant, recorded.p) != (choice.variant, choice.p):
+                raise ValueError(
+                    f"{bundle.manifest.name} picks {choice.variant} p={choice.p} at "
+                    f"epsilon {epsilon:g}, the report's row {recorded.variant} p={recorded.p}: "
+                    "run a full evaluation"
+                )
+        run.eps_sweep[method] = previous.eps_sweep[method]
+    voted = [each for each in _distinct_votes(bundles) if run.sentence_vote(each)]
+    served = [each for each in bundles if run.served_labels(each, voted)]
+    labels = [vote_method(b.manifest.name) for b in voted] + [
+        served_method(b.manifest.name) for b in served
+    ]
+    kept = [m for m in previous.methods if not m.startswith((VOTE, SERVED))]
+    candidates = [m for m in kept if m.startswith(DEEPCANDIDATE)]
+    methods = candidates + labels + [m for m in kept if m not in candidates]
+    eps_sweep = {m: previous.eps_sweep[m] for m in kept} | {m: run.eps_sweep[m] for m in labels}
+    k_rows = {m: r for m, r in previous.k_sweep.methods.items() if not m.startswith(VOTE)}
+    k_rows |= {m: r for m, r in run.k_sweep().methods.items() if m.startswith(VOTE)}
+    seconds = time.perf_counter() - started
+    return replace(
+        previous,
+        methods=methods,
+        eps_sweep=eps_sweep,
+        k_sweep=KSweep(previous.k_sweep.bins, k_rows),
+        notes=[
+            *previous.notes,
+            f"label rows (SentenceVote, /classify as served) re-scored in {seconds:.0f} s by "
+            "the second command; every other row is the first command's",
+        ],
+    )
 
 
 class Experiment:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.experiment import EvalConfig, run_evaluation
+from evaluation.experiment import EvalConfig, rescore_labels, run_evaluation
 from evaluation.report import write_report
+from evaluation.results import Score
 from training.settings import load_settings
 from training.store import load_from_store
 
@@ -55,3 +56,43 @@ def test_quick_evaluation_writes_tables_plots_and_json(
     assert "| SentenceVote label (sentdp-test) |" in report
     assert "![k sweep](k_sweep.png)" in report
     assert "sentdp-eval --model x --quick" in report
+
+
+def test_labels_only_rescores_the_label_rows_and_keeps_the_others(quick_bundle_tag: str) -> None:
+    bundle = load_from_store(quick_bundle_tag)
+    config = EvalConfig(
+        trials=2,
+        epsilons=(1.0, 10.0),
+        k_epsilon=10.0,
+        max_test_documents=20,
+        baselines=("truncation",),
+    )
+    settings = load_settings()
+    results = run_evaluation([bundle], settings, config, log=lambda _: None)
+    name = bundle.manifest.name
+    vote, served, key = (f"{p}:{name}" for p in ("sentence_vote", "classify", "deepcandidate"))
+    zero = Score.of([0.0, 0.0])
+    stale = dataclasses.replace(
+        results,
+        eps_sweep={
+            **results.eps_sweep,
+            vote: dict.fromkeys(results.eps_sweep[vote], zero),
+            served: dict.fromkeys(results.eps_sweep[served], zero),
+        },
+    )
+    fresh = rescore_labels([bundle], stale, settings, config, log=lambda _: None)
+    assert fresh.methods == results.methods
+    for method in results.methods:  # the same seeded draws: the label rows come back exactly
+        assert fresh.eps_sweep[method] == results.eps_sweep[method], method
+    assert fresh.k_sweep.methods[vote] == results.k_sweep.methods[vote]
+    assert "re-scored" in fresh.notes[-1]
+    moved = {**results.eps_sweep[key], "1": dataclasses.replace(results.score(key, 1.0), p=999)}
+    with pytest.raises(ValueError, match="run a full evaluation"):
+        rescore_labels(
+            [bundle],
+            dataclasses.replace(results, eps_sweep={**results.eps_sweep, key: moved}),
+            settings,
+            config,
+        )
+    with pytest.raises(ValueError, match="trials"):
+        rescore_labels([bundle], results, settings, dataclasses.replace(config, trials=3))
