@@ -6,10 +6,11 @@ Run: ``.venv/bin/python loadtests/bench_service.py [--models TAG ...] [--batchin
    ``encode`` (torch; the "x st" column's reference) and sentdp's encoder for each bundle's
    backend (torch, onnx, onnx-int8), in plain length buckets and in fixed-shape batches,
    all sentences at once and one document at a time;
-2. the service over HTTP (``bentoml serve``, 2 gateway workers, one worker process) for
-   each bundle at concurrency 1, 8 and 32, one real BBC News test document per request:
-   sentences/s, documents/s, p50/p95/p99 latency; "x own" compares with sentdp's encoder of
-   the same backend in the worker's mode (one document at a time for concurrency 1);
+2. the service over HTTP (``bentoml serve``: the default gateway processes, one on 2 cores;
+   one worker process) for each bundle at concurrency 1, 8 and 32, one real BBC News test
+   document per request: sentences/s, documents/s, p50/p95/p99 latency; "x own" compares
+   with sentdp's encoder of the same backend in the worker's mode (one document at a time
+   for concurrency 1);
 3. where the time goes: mean seconds per request in the gateway, per ledger operation, per
    worker call, and per worker batch (encoding, everything before sampling), from the
    service's own histograms on /metrics;

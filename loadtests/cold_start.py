@@ -2,9 +2,10 @@
 
 Run: ``.venv/bin/python loadtests/cold_start.py TAG [TAG ...]``
 
-For each bundle: launch ``bentoml serve`` (2 gateway workers, one worker), time launch to the
-first /readyz 200, send 16 BBC News test documents at concurrency 4, and print the cold start,
-the worker's encoder mode and the peak resident memory of all server processes.
+For each bundle: launch ``bentoml serve`` (the default gateway processes: one on 2 cores; one
+worker), time launch to the first /readyz 200, send 16 BBC News test documents at
+concurrency 4, and print the cold start, the worker's encoder mode and the peak resident
+memory of all server processes.
 """
 
 from __future__ import annotations

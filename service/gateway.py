@@ -39,7 +39,13 @@ from service.schemas import (
     WorkRequest,
     WorkResult,
 )
-from service.settings import ACCESS_LOG, ServiceSettings, boot_settings, load_settings
+from service.settings import (
+    ACCESS_LOG,
+    ServiceSettings,
+    boot_settings,
+    default_gateway_workers,
+    load_settings,
+)
 from service.state import EphemeralStateError, check_state_survives
 from service.tenants import Tenant, TenantRegistry, TenantSource
 from service.validation import Limits
@@ -66,7 +72,7 @@ READY_CACHE_SECONDS = 1.0
 
 @bentoml.service(
     name="sentdp",
-    workers=BOOT.gateway_workers,
+    workers=BOOT.gateway_workers or default_gateway_workers(),
     logging=ACCESS_LOG,
     traffic={"timeout": BOOT.worker_max_latency_ms / 1000 * 2 + 30},
     # BentoML's own probe of the worker can hold /readyz until the request timeout (150 s)

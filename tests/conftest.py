@@ -21,6 +21,9 @@ os.environ["BENTOML_DO_NOT_TRACK"] = "true"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("SENTDP_CACHE_DIR", str(REPO / ".sentdp" / "cache"))
+# Test servers run two gateway processes whatever the machine's default (one on 2 cores), so
+# the ledger's cross-process races and refunds are exercised.
+os.environ.setdefault("SENTDP_GATEWAY_WORKERS", "2")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

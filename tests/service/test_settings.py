@@ -1,0 +1,24 @@
+"""Service settings whose defaults depend on the machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.settings import ServiceSettings, default_gateway_workers
+
+
+@pytest.mark.parametrize(("cpus", "expected"), [(1, 1), (2, 1), (3, 2), (4, 2), (64, 2)])
+def test_one_gateway_process_on_two_cores_two_above(cpus: int, expected: int) -> None:
+    assert default_gateway_workers(cpus) == expected
+
+
+def test_an_explicit_gateway_count_wins_and_zero_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SENTDP_GATEWAY_WORKERS", "3")
+    assert ServiceSettings().gateway_workers == 3
+    monkeypatch.delenv("SENTDP_GATEWAY_WORKERS")
+    assert ServiceSettings().gateway_workers is None
+    monkeypatch.setenv("SENTDP_GATEWAY_WORKERS", "0")
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        ServiceSettings()
