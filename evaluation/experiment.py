@@ -206,14 +206,16 @@ def rescore_labels(
     """``previous`` with only the label rows (SentenceVote, /classify as served) scored again,
     e.g. after the label mechanism changed: every other row stays as it was.
 
-    Refused unless the bundles, test documents, epsilons and trials are the ones ``previous``
-    scored, and each bundle still picks the (variant, p) that ``previous``'s DeepCandidate row
-    records at every epsilon (the served label may be that candidate's).
+    Refused unless the bundles (names and recipes), test documents, epsilons and trials are
+    the ones ``previous`` scored, the first bundle's C_nonpriv scores exactly as recorded (a
+    retrained bundle of the same name almost surely does not), and each bundle still picks
+    the (variant, p) that ``previous``'s DeepCandidate row records at every epsilon (the
+    served label may be that candidate's).
     """
     started = time.perf_counter()
-    names = [b.manifest.name for b in bundles]
-    if names != list(previous.models):
-        raise ValueError(f"the report scored {list(previous.models)}, not {names}")
+    names = {b.manifest.name: b.manifest.recipe for b in bundles}
+    if list(names.items()) != list(previous.models.items()):
+        raise ValueError(f"the report scored {previous.models}, not {names}")
     if (previous.epsilons, previous.trials, previous.k_epsilon) != (
         config.epsilons,
         config.trials,
@@ -223,6 +225,12 @@ def rescore_labels(
     run = _experiment(bundles, settings, config, log)
     if len(run.test) != previous.test_documents:
         raise ValueError(f"the report scored {previous.test_documents} test documents")
+    run.nonprivate_and_guess()  # a fingerprint of the first bundle: its C_nonpriv's test score
+    if run.eps_sweep["nonprivate"] != previous.eps_sweep.get("nonprivate"):
+        raise ValueError(
+            f"{bundles[0].manifest.name}'s non-private classifier scores differently from the "
+            "report's: not the bundle it scored; run a full evaluation"
+        )
     for bundle in bundles:
         method = deepcandidate_method(bundle.manifest.name)
         for epsilon in config.epsilons:

@@ -131,14 +131,19 @@ def vote_selection(classes: int) -> str:
     return "permute-and-flip" if classes <= FLIP_MAX_CLASSES else "exponential"
 
 
+def vote_slack(classes: int) -> float:
+    """eta(r): the epsilon the vote's float error costs; a vote needs ``epsilon > eta(r)``."""
+    flip = vote_selection(classes) == "permute-and-flip"
+    return flip_slack(classes) if flip else privacy_slack(classes)
+
+
 def vote_epsilon(epsilon: float, classes: int) -> float:
     """``epsilon - eta(r)``: what the vote's selection runs at so that the guarantee is
     ``epsilon``."""
     if isinstance(epsilon, bool) or not isinstance(epsilon, int | float | np.floating):
         raise InputError(f"epsilon must be a number, got {type(epsilon).__name__}")
     eps = float(epsilon)
-    flip = vote_selection(classes) == "permute-and-flip"
-    slack = flip_slack(classes) if flip else privacy_slack(classes)
+    slack = vote_slack(classes)
     if not math.isfinite(eps) or eps <= slack:
         raise InputError(
             f"epsilon must be a finite number above {slack:.3g} (the vote's float slack for "

@@ -41,7 +41,8 @@ def flip_probabilities(counts: list[int], gaps: list[tuple[float, float]]) -> tu
     ``gaps[L]`` is level L's gap ``g_L`` as an unevaluated sum ``(hi, lo)`` (see
     :func:`sentdp.sampling.exact_product`); the first level must be the leaders' (gap 0).
     ``a_L = exp(-hi) * (1 - lo)`` carries ~2 ulp of relative error and is then rounded to
-    ``A_L / 2**64``; the weights are exact for those rounded values and ``sum(weights) == total``.
+    ``A_L / 2**64`` (at least 1 / 2**64); the weights are exact for those rounded values and
+    ``sum(weights) == total``.
     """
     if not counts or len(counts) != len(gaps) or min(counts) < 1:
         raise InternalError("permute-and-flip needs one positive count and one gap per level")
@@ -60,10 +61,14 @@ def flip_probabilities(counts: list[int], gaps: list[tuple[float, float]]) -> tu
     shares = [lcm // (k + 1) for k in range(outcomes)]
     weights = []
     for a, n in zip(scaled, counts, strict=True):
-        # prod_{j != c} for one outcome c of this level is F / (2**64 - A x), exactly.
-        rest = _divide_by_factor(full, a)
-        integral = sum(c * s for c, s in zip(rest, shares, strict=True))
-        weights.append(n * a * integral)
+        # prod_{j != c} for an outcome c of this level is F / (2**64 - A x), exactly. It is
+        # recomputed for every outcome of the level, so the time depends on r alone, not on
+        # how many tallies tie (a document's levels would otherwise show in the latency).
+        mass = 0
+        for _ in range(n):
+            rest = _divide_by_factor(full, a)
+            mass += a * sum(c * s for c, s in zip(rest, shares, strict=True))
+        weights.append(mass)
     total = lcm << (FRACTION_BITS * outcomes)
     if sum(weights) != total or min(weights) < 0:
         # The masses sum to 1 - prod(1 - a_c) = 1 because the leader's a is exactly 1.
@@ -75,7 +80,8 @@ def flip_slack(outcomes: int) -> float:
     """eta for permute-and-flip over ``outcomes`` outcomes: the epsilon the float error costs.
 
     Per outcome, the sampled probability is within ``(r + 1) * 2**-50`` of the exact
-    mechanism's: rounding each a_j (relative error 2**-51, then 2**-65 absolute) moves P(c) by
+    mechanism's: rounding each a_j (relative error 2**-51, then at most 2**-64 absolute, so
+    ``|da_j| <= 2**-50``) moves P(c) by
     at most ``|da_c| + sum_{j != c} |da_j| / 2`` (every factor of the integrand lies in [0, 1])
     <= r * 2**-50, and the thresholds add 2**-63. With the floor gamma every probability is
     >= gamma / r, so neighbouring probabilities are off by a factor within ``1 +- delta``.
@@ -91,7 +97,9 @@ def _rounded_exp(hi: float, lo: float) -> int:
     if not (math.isfinite(hi) and hi >= 0):
         raise InternalError(f"a permute-and-flip gap must be finite and >= 0, got {hi!r}")
     value = math.exp(-hi) * (1.0 - lo)
-    return min(_ONE, round(math.ldexp(value, FRACTION_BITS)))
+    # Never 0: an outcome far behind costs the same big-integer work as a near one (at most
+    # 2**-64 more error than rounding to nearest, within the bound of flip_slack).
+    return max(1, min(_ONE, round(math.ldexp(value, FRACTION_BITS))))
 
 
 def _times_factor(poly: list[int], a: int) -> list[int]:

@@ -143,9 +143,10 @@ def plan_levels(deviations: npt.NDArray[np.integer], weights: LevelWeights) -> S
     if m == 0 or m >= _MAX_CANDIDATES:
         raise InternalError(f"cannot sample among {m} candidates")
     order = np.argsort(devs, kind="stable").astype(np.int64)
-    bincounts = np.bincount(devs)
-    level_devs = [int(d) for d in np.flatnonzero(bincounts)]
-    counts = [int(bincounts[d]) for d in level_devs]
+    # np.unique, not np.bincount: the time must not grow with the largest deviation.
+    values, sizes = np.unique(devs, return_counts=True)
+    level_devs = [int(d) for d in values]
+    counts = [int(c) for c in sizes]
     scaled = weights(counts, level_devs)
     total = sum(scaled)
     if len(scaled) != len(counts) or min(scaled) < 0 or total <= 0:

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from sentdp.accounting import Charge, epsilon_of_charge, to_epsilon
 from sentdp.bundle import Bundle, PChoice
+from sentdp.labels import vote_slack
 from sentdp.mechanism import privacy_slack
 from sentdp.text import SentenceSplitter
 from service.errors import ApiError, Code
@@ -186,6 +187,7 @@ class Charging:
         self.load = TenantLoad(limits.tenant_inflight_tokens)
         self.splitter = SentenceSplitter()
         self.slack = {v.record.name: privacy_slack(v.record.candidates) for v in bundle.variants}
+        self.vote_slack = 0.0 if bundle.vote is None else vote_slack(bundle.vote.classes)
 
     async def handle(self, request: ChargedRequest) -> Reply:
         """Run one request to its reply; every refusal becomes an error reply."""
@@ -237,7 +239,11 @@ class Charging:
     def validate(self, request: ChargedRequest) -> Admission:
         """Check everything about the request that needs no database; raise ApiError."""
         choice = self.bundle.manifest.choice_for(finite_epsilon(request.epsilon))
-        slack = self.slack[choice.variant]
+        release: Literal["candidate", "vote"] = (
+            "vote" if request.with_labels and choice.label == "vote" else "candidate"
+        )
+        # Refused here, not in the worker: the epsilon must clear the slack of what is drawn.
+        slack = self.vote_slack if release == "vote" else self.slack[choice.variant]
         micro = charge_of(request.epsilon, request.tenant.max_epsilon, slack)
         sentences = request_sentences(request.documents, self.splitter, self.limits)
         key = self.signer.key(
@@ -249,9 +255,6 @@ class Charging:
         )
         ids = document_ids(request.documents, request.tenant.composition)
         tokens = check_cost(work_cost(sentences, self.cost), self.limits)
-        release: Literal["candidate", "vote"] = (
-            "vote" if request.with_labels and choice.label == "vote" else "candidate"
-        )
         return Admission(choice, micro, sentences, key, tokens, ids, release)
 
     # --- reserve -------------------------------------------------------------------------

@@ -94,5 +94,14 @@ def test_labels_only_rescores_the_label_rows_and_keeps_the_others(quick_bundle_t
             settings,
             config,
         )
+    nonprivate = results.eps_sweep["nonprivate"]
+    other = {k: dataclasses.replace(v, mean=v.mean + 0.01) for k, v in nonprivate.items()}
+    with pytest.raises(ValueError, match="non-private classifier"):
+        rescore_labels(
+            [bundle],
+            dataclasses.replace(results, eps_sweep={**results.eps_sweep, "nonprivate": other}),
+            settings,
+            config,
+        )
     with pytest.raises(ValueError, match="trials"):
         rescore_labels([bundle], results, settings, dataclasses.replace(config, trials=3))

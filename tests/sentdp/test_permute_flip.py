@@ -44,7 +44,8 @@ def test_masses_equal_the_enumerated_mechanism_for_the_rounded_keep_probabilitie
     assert sum(weights) == total
     keep = []
     for n, (hi, lo) in zip(counts, gaps_of(rate, deviations), strict=True):
-        a = min(1 << FRACTION_BITS, round(math.ldexp(math.exp(-hi) * (1 - lo), FRACTION_BITS)))
+        a = round(math.ldexp(math.exp(-hi) * (1 - lo), FRACTION_BITS))
+        a = max(1, min(1 << FRACTION_BITS, a))  # never 0: see _rounded_exp
         keep += [Fraction(a, 1 << FRACTION_BITS)] * n
     per_outcome = enumerated(keep)
     start = 0

@@ -32,9 +32,11 @@ def tiny_bundle(
     seed: int = 0,
     encoder_dir: Path = Path("/nonexistent"),
     vote: bool = False,
+    labels: list[str] | None = None,
 ) -> Bundle:
     """Two variants; with ``vote``, a SentenceVote that /classify uses at epsilon 1 (below 5)."""
     rng = np.random.default_rng(seed)
+    labels = labels or LABELS
     records = [
         VariantRecord(
             name=name,
@@ -53,7 +55,7 @@ def tiny_bundle(
             record=record,
             candidates=rng.normal(size=(m, DIM)),
             directions=rng.normal(size=(p_max, DIM)),
-            candidate_class_probs=rng.dirichlet(np.ones(len(LABELS)), size=m),
+            candidate_class_probs=rng.dirichlet(np.ones(len(labels)), size=m),
             recoder=None,
         )
         for record in records
@@ -70,7 +72,7 @@ def tiny_bundle(
             documents=m,
             split_seed=0,
             splits={"train": m},
-            labels=LABELS,
+            labels=labels,
         ),
         encoder={"name": "hash"},
         splitter={"name": "test"},
@@ -80,7 +82,7 @@ def tiny_bundle(
             PChoice(epsilon=5.0, variant="paper", p=6),
         ],
     )
-    voter = SentenceVote(rng.normal(size=(len(LABELS), DIM)), rng.normal(size=len(LABELS)))
+    voter = SentenceVote(rng.normal(size=(len(labels), DIM)), rng.normal(size=len(labels)))
     return Bundle(manifest, variants, None, encoder_dir, voter if vote else None)
 
 

@@ -171,6 +171,28 @@ def test_the_vote_of_a_request_follows_its_exact_distribution(ledger: SqlLedger)
     assert chisquare(observed, exact * sum(observed)).pvalue > 1e-3
 
 
+def test_a_vote_s_epsilon_must_clear_the_vote_s_own_slack(ledger: SqlLedger) -> None:
+    """32 classes: the vote's float slack (~2e-6) is above the charge unit and above the
+    variant's (32 candidates), so the gateway must refuse what the worker could not run."""
+    from sentdp.labels import vote_slack
+    from sentdp.mechanism import privacy_slack
+
+    bundle = tiny_bundle(m=32, vote=True, labels=[f"class-{n}" for n in range(32)])
+    below = 1.5e-6
+    assert privacy_slack(32) < below < vote_slack(32)
+    worker = FakeWorker(bundle)
+    flow = charging(ledger, worker, bundle=bundle)
+    reply, body = run(flow, request(epsilon=below, with_labels=True))
+    assert (reply.status, body["error"]["code"]) == (400, "invalid_epsilon")
+    assert ledger.charges() == []
+    assert worker.calls == 0
+    reply, body = run(flow, request(epsilon=below))  # /privatize draws a candidate: fine
+    assert reply.status == 200, body
+    reply, body = run(flow, request(epsilon=3e-6, with_labels=True))
+    assert reply.status == 200, body
+    assert body["documents"][0]["label_mechanism"] == "sentence-vote"
+
+
 def test_an_unaffordable_request_is_refused_whole_with_the_figures(ledger: SqlLedger) -> None:
     flow = charging(ledger, FakeWorker(BUNDLE))
     assert run(flow, request(tenant=PAIRS, epsilon=4.0))[0].status == 200  # 2 * 4 = 8 of 10
