@@ -1,0 +1,74 @@
+"""SentenceVote's selection rule compared: the exponential mechanism against permute-and-flip,
+on the same votes, by expected macro-F1 (exact probabilities, no sampling noise).
+
+Run: ``.venv/bin/python -m evaluation.vote_selection TAG [TAG ...]`` prints, per bundle, the
+validation and test figures at the grid's epsilons. The vote's classifier and temperature are
+the bundle's, so only the selection differs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from evaluation.experiment import evaluation_corpus
+from sentdp.bundle import Bundle
+from sentdp.encoders import open_encoder
+from sentdp.labels import VOTE_UNITS, vote_epsilon, vote_log_probs
+from sentdp.sampling import GAMMA
+from training.embeddings import embed_corpus
+from training.p_selection import DEFAULT_EPSILONS, soft_macro_f1
+from training.settings import load_settings
+from training.store import load_from_store
+
+
+def exponential_probs(deviations: npt.NDArray[np.int64], epsilon: float) -> npt.NDArray[np.float64]:
+    """The exponential mechanism over the tallies at the vote's epsilon, floor included."""
+    r = len(deviations)
+    scores = -vote_epsilon(epsilon, r) * deviations / (2.0 * VOTE_UNITS)
+    weights = np.exp(scores - scores.max())
+    mixed: npt.NDArray[np.float64] = (1 - GAMMA) * weights / weights.sum() + GAMMA / r
+    return mixed
+
+
+def compare(bundle: Bundle, epsilons: Sequence[float]) -> list[tuple[str, float, float, float]]:
+    """``(split, epsilon, exponential, permute-and-flip)`` expected macro-F1 rows."""
+    vote = bundle.vote
+    if vote is None:
+        raise ValueError(f"{bundle.manifest.name} has no SentenceVote")
+    settings = load_settings()
+    corpus, splits = evaluation_corpus(bundle, settings)
+    bundle.check_encoder()
+    encoder = open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device)
+    embeddings = embed_corpus(corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter))
+    index = {label: i for i, label in enumerate(corpus.labels)}
+    rows = []
+    for split in ("validation", "test"):
+        documents = list(getattr(splits, split))
+        deviations = [vote.deviations(embeddings.document(i)) for i in documents]
+        truth = [index[corpus.documents[i].label] for i in documents]
+        for epsilon in epsilons:
+            exponential = np.zeros((vote.classes, vote.classes))
+            flip = np.zeros_like(exponential)
+            for devs, label in zip(deviations, truth, strict=True):
+                exponential[label] += exponential_probs(devs, epsilon)
+                flip[label] += np.exp(vote_log_probs(devs, epsilon))
+            rows.append((split, epsilon, soft_macro_f1(exponential), soft_macro_f1(flip)))
+    return rows
+
+
+def main() -> None:
+    for tag in sys.argv[1:]:
+        bundle = load_from_store(tag)
+        print(f"\n{bundle.manifest.name} ({bundle.vote.classes if bundle.vote else 0} classes)")
+        print("| split | ε | exponential mechanism | permute-and-flip |")
+        print("|---|---|---|---|")
+        for split, epsilon, exponential, flip in compare(bundle, DEFAULT_EPSILONS):
+            print(f"| {split} | {epsilon:g} | {exponential:.3f} | {flip:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
