@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from sentdp.depth import project
 from sentdp.errors import InputError
-from sentdp.mechanism import DeepCandidate, privacy_slack
+from sentdp.mechanism import DeepCandidate, epsilon_less_slack, privacy_slack
 from sentdp.permute_flip import flip_probabilities, flip_slack
 from sentdp.sampling import (
     GAMMA,
@@ -140,16 +140,8 @@ def vote_slack(classes: int) -> float:
 def vote_epsilon(epsilon: float, classes: int) -> float:
     """``epsilon - eta(r)``: what the vote's selection runs at so that the guarantee is
     ``epsilon``."""
-    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float | np.floating):
-        raise InputError(f"epsilon must be a number, got {type(epsilon).__name__}")
-    eps = float(epsilon)
     slack = vote_slack(classes)
-    if not math.isfinite(eps) or eps <= slack:
-        raise InputError(
-            f"epsilon must be a finite number above {slack:.3g} (the vote's float slack for "
-            f"{classes} classes), got {epsilon!r}"
-        )
-    return eps - slack
+    return epsilon_less_slack(epsilon, slack, f"the vote's float slack for {classes} classes")
 
 
 def _flip_weights(epsilon: float) -> LevelWeights:

@@ -51,14 +51,20 @@ def privacy_slack(m: int) -> float:
 
 def mechanism_epsilon(epsilon: float, m: int) -> float:
     """The epsilon the exponential mechanism runs at so that the total guarantee is ``epsilon``."""
+    return epsilon_less_slack(
+        epsilon, privacy_slack(m), f"the sampler's float slack for {m} candidates"
+    )
+
+
+def epsilon_less_slack(epsilon: float, slack: float, what: str) -> float:
+    """``epsilon - slack`` for a finite number ``epsilon`` above ``slack`` (``what`` the slack
+    is, for the error message); anything else is an :class:`InputError`."""
     if isinstance(epsilon, bool) or not isinstance(epsilon, int | float | np.floating):
         raise InputError(f"epsilon must be a number, got {type(epsilon).__name__}")
     eps = float(epsilon)
-    slack = privacy_slack(m)
     if not math.isfinite(eps) or eps <= slack:
         raise InputError(
-            f"epsilon must be a finite number above {slack:.3g} (the sampler's float slack "
-            f"for {m} candidates), got {epsilon!r}"
+            f"epsilon must be a finite number above {slack:.3g} ({what}), got {epsilon!r}"
         )
     return eps - slack
 

@@ -3,7 +3,6 @@ floor, and votes that depend on their own sentence only."""
 
 from __future__ import annotations
 
-import itertools
 import math
 from fractions import Fraction
 from pathlib import Path
@@ -25,6 +24,7 @@ from sentdp.labels import (
 from sentdp.mechanism import privacy_slack
 from sentdp.permute_flip import flip_slack
 from sentdp.sampling import GAMMA, SAMPLER_ABS_ERROR, draw_many, draw_words
+from tests.sentdp.test_permute_flip import enumerated
 from tests.sentdp.test_sampling import exact_sampler_probabilities
 
 D, R = 24, 5
@@ -124,14 +124,7 @@ def permute_and_flip(tallies: np.ndarray, epsilon: float) -> list[Fraction]:
         Fraction(math.exp(run_at * (int(n) - int(tallies.max())) / (2 * VOTE_UNITS)))
         for n in tallies
     ]
-    orders = list(itertools.permutations(range(len(tallies))))
-    out = [Fraction(0)] * len(tallies)
-    for order in orders:
-        going = Fraction(1, len(orders))
-        for c in order:
-            out[c] += going * keep[c]
-            going *= 1 - keep[c]
-    return out
+    return enumerated(keep)
 
 
 @pytest.mark.parametrize("epsilon", [0.3, 1.0, 3.0, 20.0])
