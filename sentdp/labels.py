@@ -12,8 +12,8 @@ Up to :data:`FLIP_MAX_CLASSES` classes the selection is permute-and-flip
 a lower expected tally, and at small epsilon nearly twice the exponential mechanism's lead of
 the true class over chance. Its exact level masses go through the same floor-safe sampler as
 DeepCandidate, at ``eps' = epsilon - eta(r)``, so the guarantee is exactly the epsilon
-charged. Above that many classes it is the exponential
-mechanism ``P(c) proportional to exp(eps' * n_c / (2 * VOTE_UNITS))``.
+charged. Above that many classes it is the exponential mechanism
+``P(c) proportional to exp(eps' * n_c / (2 * VOTE_UNITS))``.
 
 Why: DeepCandidate chooses among m candidates, so at small epsilon its choice is spread over
 many of them (the exponential mechanism's utility gap grows with ln m); a label needs only r

@@ -17,8 +17,8 @@ multiples of 2**-64 (:func:`flip_probabilities`); :func:`flip_slack` bounds what
 can cost. Each level's weight is an integer, so :func:`sentdp.sampling.plan_levels` turns them
 into thresholds exactly as it does for the exponential mechanism, floor included.
 
-Cost: O(r**2) big-integer products for r outcomes, which suits a label (r classes), not
-DeepCandidate's thousands of candidates.
+Cost: O(r**2) products of integers of O(64 r) bits for r outcomes, which suits a label (r
+classes), not DeepCandidate's thousands of candidates.
 """
 
 from __future__ import annotations
@@ -80,11 +80,11 @@ def flip_slack(outcomes: int) -> float:
     """eta for permute-and-flip over ``outcomes`` outcomes: the epsilon the float error costs.
 
     Per outcome, the sampled probability is within ``(r + 1) * 2**-50`` of the exact
-    mechanism's: rounding each a_j (relative error 2**-51, then at most 2**-64 absolute, so
-    ``|da_j| <= 2**-50``) moves P(c) by
-    at most ``|da_c| + sum_{j != c} |da_j| / 2`` (every factor of the integrand lies in [0, 1])
-    <= r * 2**-50, and the thresholds add 2**-63. With the floor gamma every probability is
-    >= gamma / r, so neighbouring probabilities are off by a factor within ``1 +- delta``.
+    mechanism's. Rounding each a_j (relative error 2**-51, then at most 2**-64 absolute, so
+    ``|da_j| <= 2**-50``) moves P(c) by at most ``|da_c| + sum_{j != c} |da_j| / 2`` (every
+    factor of the integrand lies in [0, 1]), that is <= r * 2**-50; the thresholds add
+    2**-63. With the floor gamma every probability is >= gamma / r, so neighbouring
+    probabilities are off by a factor within ``1 +- delta``.
     """
     delta = (outcomes + 1) * SAMPLER_ABS_ERROR * outcomes / GAMMA
     if not 0 < delta < 0.5:
