@@ -17,8 +17,7 @@ import numpy.typing as npt
 from evaluation.experiment import evaluation_corpus
 from sentdp.bundle import Bundle
 from sentdp.encoders import open_encoder
-from sentdp.labels import VOTE_UNITS, vote_epsilon, vote_log_probs
-from sentdp.sampling import GAMMA
+from sentdp.labels import exponential_vote_log_probs, vote_log_probs
 from training.embeddings import embed_corpus
 from training.p_selection import DEFAULT_EPSILONS, soft_macro_f1
 from training.settings import load_settings
@@ -27,11 +26,8 @@ from training.store import load_from_store
 
 def exponential_probs(deviations: npt.NDArray[np.int64], epsilon: float) -> npt.NDArray[np.float64]:
     """The exponential mechanism over the tallies at the vote's epsilon, floor included."""
-    r = len(deviations)
-    scores = -vote_epsilon(epsilon, r) * deviations / (2.0 * VOTE_UNITS)
-    weights = np.exp(scores - scores.max())
-    mixed: npt.NDArray[np.float64] = (1 - GAMMA) * weights / weights.sum() + GAMMA / r
-    return mixed
+    probs: npt.NDArray[np.float64] = np.exp(exponential_vote_log_probs(deviations, epsilon))
+    return probs
 
 
 def compare(bundle: Bundle, epsilons: Sequence[float]) -> list[tuple[str, float, float, float]]:

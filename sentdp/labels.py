@@ -181,13 +181,7 @@ def vote_log_probs(deviations: npt.ArrayLike, epsilon: float) -> FloatArray:
     r = dev.shape[0]
     gamma = Fraction(GAMMA)
     if vote_selection(r) == "exponential":
-        scores = -_exponential_rate(epsilon, r) * dev / 4.0
-        top = scores.max()
-        log_mechanism = scores - (top + math.log(math.fsum(np.exp(scores - top))))
-        exponential: FloatArray = np.logaddexp(
-            math.log(GAMMA / r), math.log1p(-GAMMA) + log_mechanism
-        )
-        return exponential
+        return exponential_vote_log_probs(dev, epsilon)
     vote_epsilon(epsilon, r)
     levels, inverse, counts = np.unique(dev, return_inverse=True, return_counts=True)
     weights = _flip_weights(epsilon)([int(c) for c in counts], [int(v) for v in levels])
@@ -197,4 +191,17 @@ def vote_log_probs(deviations: npt.ArrayLike, epsilon: float) -> FloatArray:
         for w, n in zip(weights, counts, strict=True)
     ]
     mixed: FloatArray = np.array(per_level)[inverse]
+    return mixed
+
+
+def exponential_vote_log_probs(deviations: npt.ArrayLike, epsilon: float) -> FloatArray:
+    """The exponential mechanism over the tallies at the vote's ``epsilon - eta(r)``, mixed
+    with the floor: the vote's distribution above :data:`FLIP_MAX_CLASSES` classes, and the
+    rule permute-and-flip is compared with below."""
+    dev = np.asarray(deviations, dtype=np.int64)
+    r = dev.shape[0]
+    scores = -_exponential_rate(epsilon, r) * dev / 4.0
+    top = scores.max()
+    log_mechanism = scores - (top + math.log(math.fsum(np.exp(scores - top))))
+    mixed: FloatArray = np.logaddexp(math.log(GAMMA / r), math.log1p(-GAMMA) + log_mechanism)
     return mixed
