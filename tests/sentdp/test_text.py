@@ -96,3 +96,18 @@ def test_splitting_is_linear_even_for_marks_that_never_end_a_segment(
     # finish long before the timeout.
     for text in (". " * 2_000_000, "a. " * 1_300_000, "Dr. " * 1_000_000):
         assert len(splitter.tokenize(text)) == 1
+
+
+def test_nltk_tokenizers_fit_and_ours_keeps_their_interface(splitter: SentenceSplitter) -> None:
+    from nltk.tokenize import LineTokenizer
+    from nltk.tokenize.api import TokenizerI
+
+    assert split_document("One line\n\nAnother\n", LineTokenizer(), TextLimits()) == [
+        "One line",
+        "Another",
+    ]
+    text = "Shares rose. Dr. Smith was pleased!\n\nA new paragraph"
+    spans = list(splitter.span_tokenize(text))
+    assert [text[a:b] for a, b in spans] == splitter.tokenize(text)
+    # NLTK's own helpers built on tokenize/span_tokenize work on our splitter unchanged.
+    assert TokenizerI.tokenize_sents(splitter, [text]) == [splitter.tokenize(text)]  # type: ignore[arg-type]
