@@ -13,7 +13,8 @@ Run: ``.venv/bin/python loadtests/bench_service.py [--models TAG ...] [--batchin
    for concurrency 1);
 3. where the time goes: mean seconds per request in the gateway, per ledger operation, per
    worker call, and per worker batch (encoding, everything before sampling), from the
-   service's own histograms on /metrics;
+   service's own histograms on /metrics, and how many cores each process kept busy (the
+   client shares the machine with the server);
 4. with --batching-off, the same with adaptive batching off.
 
 Also reported: cold start (launch to /readyz 200) and the peak resident memory of the whole
@@ -58,7 +59,6 @@ def load_documents(count: int, seed: int) -> list[list[str]]:
 
 
 def _rate(encode: Any, sentences: int) -> float:
-    encode()  # warm up
     times = []
     for _ in range(3):
         start = time.perf_counter()
@@ -80,6 +80,7 @@ def raw_encoder_rates(
     for fixed in (False, True):
         rows = FIXED_ROWS if fixed else batch
         encoder = open_encoder(model_dir, backend, "cpu", rows, fixed, threads=THREADS)
+        encoder.encode(sentences[:256])  # warm up
         mode = "fixed batches" if fixed else "buckets"
         rates[f"sentdp {backend} encoder, {mode}"] = _rate(
             lambda e=encoder: e.encode(sentences), len(sentences)
@@ -98,6 +99,7 @@ def plain_rate(documents: list[list[str]], model_dir: Path, batch: int) -> float
     torch.set_num_threads(THREADS)
     sentences = [s for doc in documents for s in doc]
     plain = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+    plain.encode(sentences[:256], batch_size=batch)  # warm up
     return _rate(lambda: plain.encode(sentences, batch_size=batch), len(sentences))
 
 
@@ -136,6 +138,27 @@ def histogram_totals(server: Server) -> dict[str, tuple[float, float]]:
                     count += sample.value
             totals[name] = (total, count)
     return totals
+
+
+def cpu_seconds(server: Server) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the benchmark's client (this process) and
+    by each kind of server process: on a small machine they share the encoder's cores."""
+    import psutil
+
+    used: Counter[str] = Counter()
+    for process in [psutil.Process(), *server._tree()]:
+        command = " ".join(process.cmdline())
+        if process.pid == os.getpid():
+            kind = "client"
+        elif "sentdp-worker" in command:
+            kind = "worker"
+        elif "--service-name sentdp" in command:
+            kind = "gateway"
+        else:
+            kind = "arbiter"
+        times = process.cpu_times()
+        used[kind] += times.user + times.system
+    return dict(used)
 
 
 def encoder_mode(server: Server) -> str:
@@ -193,6 +216,7 @@ async def load(server: Server, documents: list[list[str]], concurrency: int) -> 
         "p99": quantiles[2],
         "failures": sum(failures.values()),
         "failure_statuses": dict(failures),
+        "wall": wall,
     }
 
 
@@ -255,8 +279,14 @@ def main() -> None:
                     asyncio.run(load(server, warmup, 4))
                     for concurrency in args.concurrency:
                         before = histogram_totals(server)
+                        cpu_before = cpu_seconds(server)
                         result = asyncio.run(load(server, measured, concurrency))
+                        cpu_after = cpu_seconds(server)
                         after = histogram_totals(server)
+                        result["cpu"] = {
+                            kind: (cpu_after[kind] - cpu_before.get(kind, 0.0)) / result["wall"]
+                            for kind in cpu_after
+                        }
                         result["breakdown"] = {
                             name: (after[name][0] - before.get(name, (0, 0))[0])
                             / max(after[name][1] - before.get(name, (0, 0))[1], 1)
@@ -295,6 +325,12 @@ def main() -> None:
     for _, name, r in rows:
         cells = " ".join(f"{r['breakdown'].get(n, float('nan')):12.4f}" for n in names)
         print(f"{name:58s} {cells}  {r['batches']:7.0f}")
+    print()
+    kinds = ("worker", "gateway", "client", "arbiter")
+    print(f"cores busy during each run (of {os.cpu_count()}), by process")
+    print("{:58s} ".format("measurement") + " ".join(f"{k:>8s}" for k in kinds))
+    for _, name, r in rows:
+        print(f"{name:58s} " + " ".join(f"{r['cpu'].get(k, 0.0):8.2f}" for k in kinds))
     print()
     for label, seconds in starts.items():
         print(

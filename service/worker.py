@@ -37,6 +37,31 @@ WORKER_CALLERS = 64
 calls first come, first served before they reach the gate that lets tenants take turns."""
 
 
+def _release_free_memory() -> None:
+    """Hand the heap's free pages back to the system after a computation. Batches run on
+    whichever of the worker's threads holds the gate, and glibc gives each thread its own
+    arena, which keeps a batch's activations after they are freed; without this the
+    worker's resident memory grows by about one batch per arena used (measured with torch at
+    concurrency 32 on BBC News: the worker held 790 MiB at the end of a run instead of 655,
+    and the whole server peaked at 1,053 MiB instead of 1,013; throughput unchanged)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:  # not glibc (musl, macOS): nothing to trim
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
+
+
+_LIBC = _glibc()
+
+
 def _resources() -> dict[str, Any]:
     return {"gpu": BOOT.worker_gpus} if BOOT.worker_gpus else {}
 
@@ -201,6 +226,7 @@ class Worker:
                 offset = self.variants[item.variant].record.offset
                 replies[r][i] = WorkResult(candidate=offset + int(local), sampled=True)
         metric("worker_seconds").labels("total").observe(time.perf_counter() - started)
+        _release_free_memory()
         return [WorkReply(results=results) for results in replies]
 
     def _plans(self, items: list[WorkItem], tenants: list[str]) -> list[Any]:
