@@ -262,7 +262,8 @@ def build_bundle(
     )
     p_table = with_label_choice(p_table, vote)
     console.print(
-        f"SentenceVote: C={vote.regularisation:g}, temperature {vote.temperature:g}, "
+        f"SentenceVote: fitted on {vote.fitted_on}, C={vote.regularisation:g}, "
+        f"temperature {vote.temperature:g}, "
         "expected validation macro-F1 "
         + ", ".join(f"ε={e} {f:.3f}" for e, f in vote.validation_macro_f1.items())
     )
@@ -274,6 +275,7 @@ def build_bundle(
         "choice_by_epsilon": {f"{c.epsilon:g}": f"{c.variant} p={c.p}" for c in p_table},
         "label_by_epsilon": {f"{c.epsilon:g}": c.label for c in p_table},
         "vote": {
+            "fitted_on": vote.fitted_on,
             "regularisation": vote.regularisation,
             "temperature": vote.temperature,
             **vote.validation_macro_f1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import training.label_vote as label_vote_module
 from sentdp.bundle import PChoice
 from training.embeddings import CorpusEmbeddings
 from training.label_vote import train_vote, vote_macro_f1, with_label_choice
@@ -53,3 +54,32 @@ def test_the_table_takes_the_vote_only_where_it_scored_higher() -> None:
         result.validation_macro_f1["50"],
     ]
     assert [(c.variant, c.p) for c in chosen] == [("paper", 5), ("paper", 5)]
+
+
+def test_both_families_compete_on_validation(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Adding document-fitted classifiers never lowers the chosen vote's validation score, and
+    a document-fitted winner is the logistic regression on document means over its temperature."""
+    from sklearn.linear_model import LogisticRegression
+
+    import training.label_vote as label_vote
+
+    embeddings, y = corpus(3, documents=90, seed=4)
+    train, validation = list(range(60)), list(range(60, 90))
+    both = train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0)
+    monkeypatch.setattr(label_vote, "DOCUMENT_REGULARISATION", ())
+    sentences_only = train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0)
+    assert sentences_only.fitted_on == "sentences"
+    assert _mean_score(both) >= _mean_score(sentences_only)
+    monkeypatch.setattr(label_vote, "REGULARISATION", ())
+    monkeypatch.setattr(label_vote, "DOCUMENT_REGULARISATION", (100.0,))
+    documents_only = train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0)
+    assert documents_only.fitted_on == "documents"
+    model = LogisticRegression(C=100.0, max_iter=5000, random_state=0)
+    model.fit(embeddings.means(train), y[train])
+    t = documents_only.temperature
+    np.testing.assert_allclose(documents_only.vote.weights, model.coef_ / t)
+    np.testing.assert_allclose(documents_only.vote.bias, model.intercept_ / t)
+
+
+def _mean_score(result: label_vote_module.VoteResult) -> float:
+    return float(np.mean(list(result.validation_macro_f1.values())))
