@@ -14,6 +14,7 @@ def test_the_serving_path_imports_neither_nltk_nor_scipy() -> None:
         f"print(','.join(m for m in {heavy!r} if m in sys.modules))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
     )
+    assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""
