@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import training.label_vote as label_vote_module
 from sentdp.bundle import PChoice
+from sentdp.errors import InputError
 from training.embeddings import CorpusEmbeddings
 from training.label_vote import train_vote, vote_macro_f1, with_label_choice
 
@@ -32,7 +34,9 @@ def test_the_vote_learns_the_classes_and_two_class_models_get_two_rows() -> None
         train, validation = list(range(40)), list(range(40, 60))
         result = train_vote(embeddings, y, train, validation, (1.0, 50.0), seed=0)
         assert result.vote.classes == classes
-        assert result.regularisation in (0.1, 1.0, 10.0)
+        fits = [("sentences", c) for c in label_vote_module.REGULARISATION]
+        fits += [("documents", c) for c in label_vote_module.DOCUMENT_REGULARISATION]
+        assert (result.fitted_on, result.regularisation) in fits
         scores = result.validation_macro_f1
         assert scores["50"] > 0.9  # clear classes, a large epsilon: nearly always right
         assert scores["1"] < scores["50"]
@@ -61,19 +65,19 @@ def test_both_families_compete_on_validation(monkeypatch) -> None:  # type: igno
     a document-fitted winner is the logistic regression on document means over its temperature."""
     from sklearn.linear_model import LogisticRegression
 
-    import training.label_vote as label_vote
-
+    label_vote = label_vote_module
     embeddings, y = corpus(3, documents=90, seed=4)
     train, validation = list(range(60)), list(range(60, 90))
     both = train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0)
     monkeypatch.setattr(label_vote, "DOCUMENT_REGULARISATION", ())
     sentences_only = train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0)
     assert sentences_only.fitted_on == "sentences"
+    assert sentences_only.regularisation in label_vote.REGULARISATION
     assert _mean_score(both) >= _mean_score(sentences_only)
     monkeypatch.setattr(label_vote, "REGULARISATION", ())
     monkeypatch.setattr(label_vote, "DOCUMENT_REGULARISATION", (100.0,))
     documents_only = train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0)
-    assert documents_only.fitted_on == "documents"
+    assert (documents_only.fitted_on, documents_only.regularisation) == ("documents", 100.0)
     model = LogisticRegression(C=100.0, max_iter=5000, random_state=0)
     model.fit(embeddings.means(train), y[train])
     t = documents_only.temperature
@@ -83,3 +87,10 @@ def test_both_families_compete_on_validation(monkeypatch) -> None:  # type: igno
 
 def _mean_score(result: label_vote_module.VoteResult) -> float:
     return float(np.mean(list(result.validation_macro_f1.values())))
+
+
+def test_a_class_without_training_documents_is_refused() -> None:
+    embeddings, y = corpus(3)
+    train = [i for i in range(40) if y[i] != 2]
+    with pytest.raises(InputError, match=r"class \[2\]"):
+        train_vote(embeddings, y, train, list(range(40, 60)), (1.0,), seed=0)
