@@ -28,6 +28,7 @@ from evaluation.results import (
     EvaluationResults,
     KSweep,
     MethodScores,
+    PairedSweep,
     Score,
     deepcandidate_method,
     epsilon_key,
@@ -112,6 +113,16 @@ def run_evaluation(
         run.truncation()
     if "word_mdp" in config.baselines:
         run.word_mdp()
+    methods = (
+        [deepcandidate_method(b.manifest.name) for b in bundles]
+        + [vote_method(b.manifest.name) for b in voted]
+        + [served_method(b.manifest.name) for b in served]
+        + [m for m in BASELINES if m in config.baselines or m in ("nonprivate", "random_guess")]
+    )
+    paired = None
+    if "word_mdp" in config.baselines:
+        rows = run.on_mdp_documents(methods) | {"word_mdp": run.eps_sweep["word_mdp"]}
+        paired = _paired(run, served, voted, rows)
     return EvaluationResults(
         models={b.manifest.name: b.manifest.recipe for b in bundles},
         corpus=run.corpus.name,
@@ -119,15 +130,46 @@ def run_evaluation(
         epsilons=config.epsilons,
         trials=config.trials,
         k_epsilon=config.k_epsilon,
-        methods=[deepcandidate_method(b.manifest.name) for b in bundles]
-        + [vote_method(b.manifest.name) for b in voted]
-        + [served_method(b.manifest.name) for b in served]
-        + [m for m in BASELINES if m in config.baselines or m in ("nonprivate", "random_guess")],
+        methods=methods,
         eps_sweep=run.eps_sweep,
         notes=run.notes,
         k_sweep=run.k_sweep(),
         seconds=time.perf_counter() - started,
+        on_mdp_documents=paired,
     )
+
+
+def _served_row(
+    bundle: Bundle, candidate: MethodScores, vote: MethodScores, epsilons: Sequence[float]
+) -> MethodScores:
+    """What /classify serves with ``bundle``, per epsilon: the vote's score or the
+    candidate's, as the bundle's validation chose."""
+    row: MethodScores = {}
+    for epsilon in epsilons:
+        key = epsilon_key(epsilon)
+        by_vote = bundle.manifest.choice_for(epsilon).label == "vote"
+        row[key] = replace(vote[key], variant="sentence-vote") if by_vote else candidate[key]
+    return row
+
+
+def _paired(
+    run: Experiment,
+    served: Sequence[Bundle],
+    voted: Sequence[Bundle],
+    rows: dict[str, MethodScores],
+) -> PairedSweep:
+    """``rows`` (methods already scored on word-level metric DP's documents) with the
+    /classify rows built from them as :meth:`Experiment.served_labels` builds its own."""
+    rows = dict(rows)
+    for bundle in served:
+        scorer = next(b for b in voted if _same_vote(b, bundle))
+        rows[served_method(bundle.manifest.name)] = _served_row(
+            bundle,
+            rows[deepcandidate_method(bundle.manifest.name)],
+            rows[vote_method(scorer.manifest.name)],
+            run.config.epsilons,
+        )
+    return PairedSweep(len(run.mdp_documents()), rows)
 
 
 def _distinct_votes(bundles: Sequence[Bundle]) -> list[Bundle]:
@@ -225,6 +267,13 @@ def rescore_labels(
     run = _experiment(bundles, settings, config, log)
     if len(run.test) != previous.test_documents:
         raise ValueError(f"the report scored {previous.test_documents} test documents")
+    paired = previous.on_mdp_documents
+    if paired is not None and len(run.mdp_documents()) != paired.documents:
+        # the subset is a seeded draw from the same test documents: the same count, the same set
+        raise ValueError(
+            f"the report's paired table scored word-level metric DP's {paired.documents} "
+            f"documents: pass --mdp-documents {paired.documents}"
+        )
     run.nonprivate_and_guess()  # a fingerprint of the first bundle: its C_nonpriv's test score
     if run.eps_sweep["nonprivate"] != previous.eps_sweep.get("nonprivate"):
         raise ValueError(
@@ -253,12 +302,16 @@ def rescore_labels(
     eps_sweep = {m: previous.eps_sweep[m] for m in kept} | {m: run.eps_sweep[m] for m in labels}
     k_rows = {m: r for m, r in previous.k_sweep.methods.items() if not m.startswith(VOTE)}
     k_rows |= {m: r for m, r in run.k_sweep().methods.items() if m.startswith(VOTE)}
+    if paired is not None:
+        rows = {m: r for m, r in paired.eps_sweep.items() if not m.startswith((VOTE, SERVED))}
+        paired = _paired(run, served, voted, rows | run.on_mdp_documents(labels))
     seconds = time.perf_counter() - started
     return replace(
         previous,
         methods=methods,
         eps_sweep=eps_sweep,
         k_sweep=KSweep(previous.k_sweep.bins, k_rows),
+        on_mdp_documents=paired,
         notes=[
             *previous.notes,
             f"label rows (SentenceVote, /classify as served) re-scored in {seconds:.0f} s by "
@@ -290,6 +343,8 @@ class Experiment:
         self.test = list(splits.test)[: config.max_test_documents]
         self.n_classes = len(corpus.labels)
         self.predictions: dict[str, Predictions] = {}
+        self.on_test: dict[str, dict[str, list[npt.NDArray[np.int64]]]] = {}
+        """Per method and epsilon key, the trials' predictions for every test document."""
         self.guess = random_guess_macro_f1(self.y[splits.train], self.n_classes)
         self.eps_sweep: dict[str, MethodScores] = {}
         self.notes: list[str] = []
@@ -308,6 +363,8 @@ class Experiment:
         values = [macro_f1(self.y[documents], t, self.n_classes) for t in predicted]
         score = Score.of(values, p=p, variant=variant)
         self.eps_sweep.setdefault(method, {})[epsilon_key(epsilon)] = score
+        if documents == self.test:
+            self.on_test.setdefault(method, {})[epsilon_key(epsilon)] = predicted
         if epsilon == self.config.k_epsilon:
             self.predictions[method] = Predictions(documents, predicted)
         described = f"variant={variant} p={p}" if variant is not None else ""
@@ -372,11 +429,7 @@ class Experiment:
         scorer = next(b for b in voted if _same_vote(b, bundle))
         candidate = self.eps_sweep[deepcandidate_method(bundle.manifest.name)]
         vote = self.eps_sweep[vote_method(scorer.manifest.name)]
-        row: MethodScores = {}
-        for epsilon in self.config.epsilons:
-            key = epsilon_key(epsilon)
-            by_vote = bundle.manifest.choice_for(epsilon).label == "vote"
-            row[key] = replace(vote[key], variant="sentence-vote") if by_vote else candidate[key]
+        row = _served_row(bundle, candidate, vote, self.config.epsilons)
         self.eps_sweep[served_method(bundle.manifest.name)] = row
         return True
 
@@ -403,12 +456,35 @@ class Experiment:
                 predicted.append(np.argmax(classifier(np.stack(noisy)), axis=1))
             self.score("truncation", epsilon, self.test, predicted)
 
+    def mdp_documents(self) -> list[int]:
+        """The test documents word-level metric DP scores: a seeded subset, because every
+        randomised document must be encoded again."""
+        count = min(self.config.mdp_documents, len(self.test))
+        picked = np.random.default_rng([self.config.seed, 7]).choice(self.test, count, False)
+        return sorted(int(i) for i in picked)
+
+    def on_mdp_documents(self, methods: Sequence[str]) -> dict[str, MethodScores]:
+        """``methods`` scored again on word-level metric DP's documents only, from the same
+        predictions: a paired comparison with that baseline (its 100 documents are a sample
+        of the test split, whose macro-F1 can sit a few points from the whole split's)."""
+        subset = self.mdp_documents()
+        position = {document: n for n, document in enumerate(self.test)}
+        rows = np.array([position[i] for i in subset], dtype=np.intp)
+        sweep: dict[str, MethodScores] = {}
+        for method in methods:
+            if method not in self.on_test:
+                continue
+            sweep[method] = {}
+            for key, predicted in self.on_test[method].items():
+                values = [macro_f1(self.y[subset], t[rows], self.n_classes) for t in predicted]
+                whole = self.eps_sweep[method][key]
+                sweep[method][key] = Score.of(values, p=whole.p, variant=whole.variant)
+        return sweep
+
     def word_mdp(self) -> None:
         vectors, words = load_glove(self.settings.cache_dir)
         mdp = WordMetricDP(vectors, words, self.config.mdp_vocabulary)
-        count = min(self.config.mdp_documents, len(self.test))
-        picked = np.random.default_rng([self.config.seed, 7]).choice(self.test, count, False)
-        scored = sorted(int(i) for i in picked)
+        scored = self.mdp_documents()
         self.notes.append(
             f"word-level metric DP: {len(scored)} of {len(self.test)} test documents "
             "(re-encoding every randomised document is the slow part), output vocabulary = "

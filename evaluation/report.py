@@ -121,6 +121,7 @@ def _markdown(results: EvaluationResults) -> str:
                 + ", ".join(f"ε={e}: {s}" for e, s in zip(eps, sources, strict=True))
             )
     lines.append("")
+    lines += _paired_table(results, eps)
     lines += [
         "![epsilon sweep](eps_sweep.png)",
         "",
@@ -142,6 +143,29 @@ def _markdown(results: EvaluationResults) -> str:
     if results.notes:
         lines += ["## Notes", ""] + [f"- {note}" for note in results.notes] + [""]
     return "\n".join(lines)
+
+
+def _paired_table(results: EvaluationResults, eps: list[str]) -> list[str]:
+    """Every method again on word-level metric DP's documents: the paired comparison."""
+    paired = results.on_mdp_documents
+    if paired is None:
+        return []
+    lines = [
+        f"### On word-level metric DP's {paired.documents} documents",
+        "",
+        f"Word-level metric DP scores {paired.documents} of the {results.test_documents} test "
+        "documents. Every method again on those only, from the same predictions (a paired "
+        "comparison; the table above scores each method on all the documents it ran on):",
+        "",
+        "| method | " + " | ".join(f"ε={e}" for e in eps) + " |",
+        "|---|" + "---|" * len(eps),
+    ]
+    for method in results.methods:
+        row = paired.eps_sweep.get(method)
+        if row is not None:
+            cells = " | ".join(_cell(row.get(e)) for e in eps)
+            lines.append(f"| {label_of(method, results)} | {cells} |")
+    return [*lines, ""]
 
 
 def _axes() -> tuple[Any, Any]:

@@ -91,6 +91,20 @@ MethodScores = dict[str, Score]
 """One method's scores by epsilon key (see :func:`epsilon_key`)."""
 
 
+def sweep_to_json(sweep: dict[str, MethodScores], methods: Sequence[str]) -> dict[str, Any]:
+    """``methods``' rows of an epsilon sweep, in that order, as the JSON holds them."""
+    return {
+        method: {key: score.to_json() for key, score in sweep[method].items()} for method in methods
+    }
+
+
+def sweep_from_json(data: dict[str, Any]) -> dict[str, MethodScores]:
+    return {
+        method: {key: Score.from_json(entry) for key, entry in row.items()}
+        for method, row in data.items()
+    }
+
+
 @dataclass(frozen=True)
 class KSweep:
     """Scores at one epsilon on test documents binned by their number of sentences."""
@@ -120,6 +134,25 @@ class KSweep:
 
 
 @dataclass(frozen=True)
+class PairedSweep:
+    """Methods scored again on the test documents a subsampled baseline scored (word-level
+    metric DP's), from the same predictions: a paired comparison with that baseline."""
+
+    documents: int
+    eps_sweep: dict[str, MethodScores]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "documents": self.documents,
+            "eps_sweep": sweep_to_json(self.eps_sweep, list(self.eps_sweep)),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PairedSweep:
+        return cls(documents=data["documents"], eps_sweep=sweep_from_json(data["eps_sweep"]))
+
+
+@dataclass(frozen=True)
 class EvaluationResults:
     """Every number of one ``sentdp-eval`` run."""
 
@@ -138,6 +171,9 @@ class EvaluationResults:
     seconds: float
     command: str | None = None
     """The command line that produced the results (absent from older files)."""
+    on_mdp_documents: PairedSweep | None = None
+    """Every method on word-level metric DP's documents (absent without that baseline, and
+    from older files)."""
 
     def __post_init__(self) -> None:
         if set(self.eps_sweep) != set(self.methods):
@@ -158,16 +194,15 @@ class EvaluationResults:
             "trials": self.trials,
             "k_epsilon": self.k_epsilon,
             "methods": list(self.methods),
-            "eps_sweep": {
-                method: {key: score.to_json() for key, score in self.eps_sweep[method].items()}
-                for method in self.methods
-            },
+            "eps_sweep": sweep_to_json(self.eps_sweep, self.methods),
             "notes": list(self.notes),
             "k_sweep": self.k_sweep.to_json(),
             "seconds": self.seconds,
         }
         if self.command is not None:
             data["command"] = self.command
+        if self.on_mdp_documents is not None:
+            data["on_mdp_documents"] = self.on_mdp_documents.to_json()
         return data
 
     @classmethod
@@ -180,12 +215,14 @@ class EvaluationResults:
             trials=data["trials"],
             k_epsilon=data["k_epsilon"],
             methods=list(data["methods"]),
-            eps_sweep={
-                method: {key: Score.from_json(entry) for key, entry in row.items()}
-                for method, row in data["eps_sweep"].items()
-            },
+            eps_sweep=sweep_from_json(data["eps_sweep"]),
             notes=list(data.get("notes", [])),
             k_sweep=KSweep.from_json(data["k_sweep"]),
             seconds=data["seconds"],
             command=data.get("command"),
+            on_mdp_documents=(
+                PairedSweep.from_json(data["on_mdp_documents"])
+                if "on_mdp_documents" in data
+                else None
+            ),
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from evaluation.experiment import EvalConfig, rescore_labels, run_evaluation
-from evaluation.report import write_report
+from evaluation.report import read_results, write_report
 from evaluation.results import Score
 from training.settings import load_settings
 from training.store import load_from_store
@@ -56,6 +56,17 @@ def test_quick_evaluation_writes_tables_plots_and_json(
     assert "| SentenceVote label (sentdp-test) |" in report
     assert "![k sweep](k_sweep.png)" in report
     assert "sentdp-eval --model x --quick" in report
+    paired = results.on_mdp_documents
+    assert paired is not None
+    assert paired.documents == 8
+    assert paired.eps_sweep["word_mdp"] == results.eps_sweep["word_mdp"]
+    assert set(paired.eps_sweep) == set(results.methods) - {"random_guess"}
+    for epsilon in ("1", "10"):  # the served row follows the same source on the subset
+        by_vote = bundle.manifest.choice_for(float(epsilon)).label == "vote"
+        source = paired.eps_sweep[vote if by_vote else key][epsilon]
+        assert paired.eps_sweep[served][epsilon].trials == source.trials
+    assert read_results(tmp_path) == dataclasses.replace(results, command=command)
+    assert "### On word-level metric DP's 8 documents" in report
 
 
 def test_labels_only_rescores_the_label_rows_and_keeps_the_others(quick_bundle_tag: str) -> None:
@@ -65,7 +76,8 @@ def test_labels_only_rescores_the_label_rows_and_keeps_the_others(quick_bundle_t
         epsilons=(1.0, 10.0),
         k_epsilon=10.0,
         max_test_documents=20,
-        baselines=("truncation",),
+        mdp_documents=4,
+        baselines=("truncation", "word_mdp"),
     )
     settings = load_settings()
     results = run_evaluation([bundle], settings, config, log=lambda _: None)
@@ -85,6 +97,7 @@ def test_labels_only_rescores_the_label_rows_and_keeps_the_others(quick_bundle_t
     for method in results.methods:  # the same seeded draws: the label rows come back exactly
         assert fresh.eps_sweep[method] == results.eps_sweep[method], method
     assert fresh.k_sweep.methods[vote] == results.k_sweep.methods[vote]
+    assert fresh.on_mdp_documents == results.on_mdp_documents
     assert "re-scored" in fresh.notes[-1]
     moved = {**results.eps_sweep[key], "1": dataclasses.replace(results.score(key, 1.0), p=999)}
     with pytest.raises(ValueError, match="run a full evaluation"):
@@ -103,5 +116,7 @@ def test_labels_only_rescores_the_label_rows_and_keeps_the_others(quick_bundle_t
             settings,
             config,
         )
+    with pytest.raises(ValueError, match="--mdp-documents 4"):
+        rescore_labels([bundle], results, settings, dataclasses.replace(config, mdp_documents=5))
     with pytest.raises(ValueError, match="trials"):
         rescore_labels([bundle], results, settings, dataclasses.replace(config, trials=3))
