@@ -39,10 +39,10 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for tests.support
+from service.settings import load_settings
 from tests.support import TENANTS, Server, write_tenants
 
 THREADS = 2
-FIXED_ROWS = 8  # the worker's SENTDP_CPU_FIXED_BATCH_SIZE default
 
 
 def load_documents(count: int, seed: int) -> list[list[str]]:
@@ -78,7 +78,8 @@ def raw_encoder_rates(
     sentences = [s for doc in documents for s in doc]
     rates = {}
     for fixed in (False, True):
-        rows = FIXED_ROWS if fixed else batch
+        # the worker under test reads the same setting (SENTDP_CPU_FIXED_BATCH_SIZE)
+        rows = load_settings().cpu_fixed_batch_size if fixed else batch
         encoder = open_encoder(model_dir, backend, "cpu", rows, fixed, threads=THREADS)
         encoder.encode(sentences[:256])  # warm up
         mode = "fixed batches" if fixed else "buckets"
@@ -146,17 +147,23 @@ def cpu_seconds(server: Server) -> dict[str, float]:
     import psutil
 
     used: Counter[str] = Counter()
+    arbiter = server.process.pid if server.process is not None else None
     for process in [psutil.Process(), *server._tree()]:
-        command = " ".join(process.cmdline())
+        try:  # a process may exit between listing and reading
+            command = " ".join(process.cmdline())
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
         if process.pid == os.getpid():
             kind = "client"
+        elif process.pid == arbiter:
+            kind = "arbiter"
         elif "sentdp-worker" in command:
             kind = "worker"
         elif "--service-name sentdp" in command:
             kind = "gateway"
         else:
-            kind = "arbiter"
-        times = process.cpu_times()
+            kind = "other"
         used[kind] += times.user + times.system
     return dict(used)
 
@@ -326,8 +333,8 @@ def main() -> None:
         cells = " ".join(f"{r['breakdown'].get(n, float('nan')):12.4f}" for n in names)
         print(f"{name:58s} {cells}  {r['batches']:7.0f}")
     print()
-    kinds = ("worker", "gateway", "client", "arbiter")
-    print(f"cores busy during each run (of {os.cpu_count()}), by process")
+    kinds = ("worker", "gateway", "client", "arbiter", "other")
+    print(f"cores busy during each run (of {len(os.sched_getaffinity(0))}), by process")
     print("{:58s} ".format("measurement") + " ".join(f"{k:>8s}" for k in kinds))
     for _, name, r in rows:
         print(f"{name:58s} " + " ".join(f"{r['cpu'].get(k, 0.0):8.2f}" for k in kinds))
