@@ -94,6 +94,7 @@ class Server:
     log: Path | None = None
     cwd: Path = REPO
     process: subprocess.Popen[bytes] | None = None
+    _log_offset: int = 0
     cold_start_seconds: float = 0.0
     home: Path | None = None
     probes: list[tuple[int | None, float]] = field(default_factory=list)
@@ -109,19 +110,18 @@ class Server:
         env["BENTOML_HOME"] = str(self.home)
         env.setdefault("SENTDP_METRICS_TOKEN", METRICS_TOKEN)
         env.setdefault("SENTDP_IDEMPOTENCY_SECRET_FILE", str(self.home / "idempotency-secret"))
-        log = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         started = time.perf_counter()
-        self.process = subprocess.Popen(
-            [str(BENTOML), "serve", self.target, "--port", str(self.port), "--host", "127.0.0.1"],
-            cwd=self.cwd,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self._launch(env)
         deadline = time.monotonic() + timeout
+        port_retries = 3
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if self.process is not None and self.process.poll() is not None:
+                if port_retries and self._lost_port_race():
+                    # free_port's port was taken by another process before bentoml bound it
+                    port_retries -= 1
+                    self.port = free_port()
+                    self._launch(env)
+                    continue
                 raise RuntimeError(
                     f"bentoml serve exited with {self.process.returncode}: {self.tail()}"
                 )
@@ -139,6 +139,26 @@ class Server:
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"bentoml serve was not ready after {timeout} s: {self.tail()}")
+
+    def _launch(self, env: dict[str, str]) -> None:
+        self._log_offset = self.log.stat().st_size if self.log and self.log.is_file() else 0
+        log = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [str(BENTOML), "serve", self.target, "--port", str(self.port), "--host", "127.0.0.1"],
+            cwd=self.cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def _lost_port_race(self) -> bool:
+        """Whether the launch that just exited failed only because its port was in use."""
+        if not (self.log and self.log.is_file()):
+            return False
+        with open(self.log, "rb") as handle:
+            handle.seek(self._log_offset)
+            return b"Address already in use" in handle.read()
 
     def tail(self) -> str:
         if self.log and self.log.is_file():
