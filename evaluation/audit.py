@@ -115,8 +115,8 @@ class ExactLoss:
         run_at = epsilon_of_charge(charge_for(epsilon))
         embedded = self.encoder.encode(sentences)
         if endpoint == "classify" and choice.label == "vote":
-            assert self.bundle.vote is not None  # the bundle refuses a table without one
-            return self.bundle.vote.log_probs(embedded, run_at)
+            # the vote the p table names for the request's epsilon, as the gateway sends it
+            return self.bundle.vote_for(epsilon).log_probs(embedded, run_at)
         variant = self.bundle.variant(choice.variant)
         log_probs = variant.mechanism().log_probs(
             recode(variant.recoder, embedded), run_at, choice.p

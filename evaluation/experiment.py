@@ -177,8 +177,7 @@ def _distinct_votes(bundles: Sequence[Bundle]) -> list[Bundle]:
     on the same corpus and seed share one vote: it is scored once)."""
     distinct: list[Bundle] = []
     for bundle in bundles:
-        vote = bundle.vote
-        if vote is None:
+        if not bundle.votes:
             continue
         if not any(_same_vote(other, bundle) for other in distinct):
             distinct.append(bundle)
@@ -186,12 +185,17 @@ def _distinct_votes(bundles: Sequence[Bundle]) -> list[Bundle]:
 
 
 def _same_vote(a: Bundle, b: Bundle) -> bool:
-    return (
-        a.vote is not None
-        and b.vote is not None
-        and np.array_equal(a.vote.weights, b.vote.weights)
-        and np.array_equal(a.vote.bias, b.vote.bias)
-    )
+    """Whether both bundles run the same vote at every grid epsilon of either."""
+    if not (a.votes and b.votes):
+        return False
+    grid = {c.epsilon for c in a.manifest.p_table} | {c.epsilon for c in b.manifest.p_table}
+    for epsilon in grid:
+        mine, theirs = a.vote_for(epsilon), b.vote_for(epsilon)
+        if not (
+            np.array_equal(mine.weights, theirs.weights) and np.array_equal(mine.bias, theirs.bias)
+        ):
+            return False
+    return True
 
 
 def _check_same_corpus(bundles: Sequence[Bundle]) -> None:
@@ -408,12 +412,17 @@ class Experiment:
     def sentence_vote(self, bundle: Bundle) -> bool:
         """The label mechanism of /classify, scored like DeepCandidate's label (False when
         the bundle predates it)."""
-        vote = bundle.vote
-        if vote is None:
+        if not bundle.votes:
             return False
-        deviations = [vote.deviations(self.embeddings.document(i)) for i in self.test]
+        deviations: dict[int, list[npt.NDArray[np.int64]]] = {}
         for epsilon in self.config.epsilons:
-            plans = [vote_plan(d, epsilon) for d in deviations]
+            index = bundle.manifest.choice_for(epsilon).vote_index  # as the service runs it
+            if index not in deviations:
+                vote = bundle.votes[index]
+                deviations[index] = [
+                    vote.deviations(self.embeddings.document(i)) for i in self.test
+                ]
+            plans = [vote_plan(d, epsilon) for d in deviations[index]]
             predicted = [
                 DeepCandidate.draw_plans(plans, self.rng(trial, epsilon, 3))
                 for trial in range(self.config.trials)
@@ -424,7 +433,7 @@ class Experiment:
     def served_labels(self, bundle: Bundle, voted: Sequence[Bundle]) -> bool:
         """What /classify returns with ``bundle``, per epsilon: the vote's label or the
         candidate's, as chosen on validation (False for a bundle without a vote)."""
-        if bundle.vote is None:
+        if not bundle.votes:
             return False
         scorer = next(b for b in voted if _same_vote(b, bundle))
         candidate = self.eps_sweep[deepcandidate_method(bundle.manifest.name)]

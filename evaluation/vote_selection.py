@@ -32,8 +32,7 @@ def exponential_probs(deviations: npt.NDArray[np.int64], epsilon: float) -> npt.
 
 def compare(bundle: Bundle, epsilons: Sequence[float]) -> list[tuple[str, float, float, float]]:
     """``(split, epsilon, exponential, permute-and-flip)`` expected macro-F1 rows."""
-    vote = bundle.vote
-    if vote is None:
+    if not bundle.votes:
         raise ValueError(f"{bundle.manifest.name} has no SentenceVote")
     settings = load_settings()
     corpus, splits = evaluation_corpus(bundle, settings)
@@ -44,9 +43,10 @@ def compare(bundle: Bundle, epsilons: Sequence[float]) -> list[tuple[str, float,
     rows = []
     for split in ("validation", "test"):
         documents = list(getattr(splits, split))
-        deviations = [vote.deviations(embeddings.document(i)) for i in documents]
         truth = [index[corpus.documents[i].label] for i in documents]
         for epsilon in epsilons:
+            vote = bundle.vote_for(epsilon)  # the vote the bundle runs at this epsilon
+            deviations = [vote.deviations(embeddings.document(i)) for i in documents]
             exponential = np.zeros((vote.classes, vote.classes))
             flip = np.zeros_like(exponential)
             for devs, label in zip(deviations, truth, strict=True):

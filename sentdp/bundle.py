@@ -7,7 +7,7 @@ validation at training time). The paper's recipe is a single variant; task-tuned
 compact, label-specific variants. Candidate ids are global across variants: variant v owns
 ids ``offset_v .. offset_v + m_v - 1``.
 
-Layout (format versions 1 and 2)::
+Layout (format versions 1 to 3)::
 
     manifest.json                   BundleManifest
     encoder/                        the sentence-transformers files of G (self-contained)
@@ -17,13 +17,16 @@ Layout (format versions 1 and 2)::
     variants/<name>/recoder.*       H (absent when G' = G, or when the variant shares an
                                     earlier variant's H: ``recoder_from``, prototype variants)
     variants/<name>/classifier_dc.* C_dc on recoded means (absent for label-tuned variants)
-    label_vote.safetensors          SentenceVote's per-sentence classifier: weights (r, d),
-                                    bias (r,) (absent in bundles that predate it)
+    label_vote.safetensors          SentenceVote's per-sentence classifiers: vote 0 as weights
+                                    (r, d) and bias (r,), vote k > 0 as weights_k and bias_k
+                                    (absent in bundles that predate the vote)
 
 Compatibility promise: manifest fields are never removed and never change meaning; new fields
 are optional. A reader refuses a bundle whose ``format_version`` it does not know. Version 2
 adds variants that share an earlier variant's H (``recoder_from``): a version-1 reader would
 ignore that field and run such a variant without its H, so these bundles say version 2.
+Version 3 adds several votes, one chosen per epsilon (``PChoice.vote_index``): an older reader
+would serve vote 0 at every epsilon, so bundles that use another vote say version 3.
 """
 
 from __future__ import annotations
@@ -45,9 +48,10 @@ from sentdp.errors import InputError
 from sentdp.labels import SentenceVote
 from sentdp.mechanism import DeepCandidate
 
-FORMAT_VERSION = 2
-"""The newest format this sentdp reads and writes (bundles without shared H stay version 1)."""
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+"""The newest format this sentdp reads and writes (a bundle says the lowest version whose
+readers run it as trained: 1 by default, 2 with shared H, 3 with more than one vote)."""
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST = "manifest.json"
 MECHANISM_FILE = "mechanism.safetensors"
 VOTE_FILE = "label_vote.safetensors"
@@ -72,6 +76,8 @@ class PChoice(BaseModel):
     (post-processing of /privatize), or SentenceVote (its own release)."""
     vote_macro_f1: float | None = None
     """Expected validation macro-F1 of SentenceVote at this epsilon (when the bundle has one)."""
+    vote_index: int = Field(default=0, ge=0)
+    """Which of the bundle's votes runs at this epsilon (0 unless validation chose another)."""
 
 
 class CorpusRecord(BaseModel):
@@ -166,6 +172,8 @@ class BundleManifest(BaseModel):
         by_name = {v.name: v for v in self.variants}
         if self.format_version < 2 and any(v.recoder_from for v in self.variants):
             raise ValueError("variants that share an H need bundle format version 2")
+        if self.format_version < 3 and any(c.vote_index for c in self.p_table):
+            raise ValueError("a p table with more than one vote needs bundle format version 3")
         for index, variant in enumerate(self.variants):
             if variant.recoder_from is None:
                 continue
@@ -282,8 +290,9 @@ class Bundle:
     variants: tuple[Variant, ...]
     classifier_nonpriv: MLP | None
     encoder_dir: Path
-    vote: SentenceVote | None = None
-    """The label mechanism's per-sentence classifier (absent in bundles that predate it)."""
+    votes: tuple[SentenceVote, ...] = ()
+    """The label mechanism's per-sentence classifiers, the p table saying which runs at which
+    epsilon (none in bundles that predate the vote)."""
 
     def __post_init__(self) -> None:
         if [v.record for v in self.variants] != list(self.manifest.variants):
@@ -291,10 +300,14 @@ class Bundle:
         r = len(self.manifest.corpus.labels)
         if any(v.candidate_class_probs.shape[1] != r for v in self.variants):
             raise InputError("a variant's class table does not match the bundle's labels")
-        if self.vote is not None and self.vote.classes != r:
-            raise InputError("the vote classifier does not match the bundle's labels")
-        if self.vote is None and any(c.label == "vote" for c in self.manifest.p_table):
-            raise InputError("the p table asks for the vote, but the bundle has no vote")
+        if any(vote.classes != r for vote in self.votes):
+            raise InputError("a vote classifier does not match the bundle's labels")
+        for choice in self.manifest.p_table:
+            if choice.label == "vote" and choice.vote_index >= len(self.votes):
+                raise InputError(
+                    f"the p table asks for vote {choice.vote_index} at epsilon "
+                    f"{choice.epsilon:g}, but the bundle has {len(self.votes)} votes"
+                )
         by_name = {v.record.name: v for v in self.variants}
         for variant in self.variants:
             source = variant.record.recoder_from
@@ -304,6 +317,18 @@ class Bundle:
     @property
     def labels(self) -> list[str]:
         return self.manifest.corpus.labels
+
+    @property
+    def vote(self) -> SentenceVote | None:
+        """Vote 0 (None in bundles without a vote): every vote has the same classes."""
+        return self.votes[0] if self.votes else None
+
+    def vote_for(self, epsilon: float) -> SentenceVote:
+        """The vote that runs at ``epsilon`` (the p table's choice for it)."""
+        index = self.manifest.choice_for(epsilon).vote_index
+        if index >= len(self.votes):
+            raise InputError(f"the bundle has no vote {index} (it has {len(self.votes)})")
+        return self.votes[index]
 
     @property
     def encoder_backend(self) -> str:
@@ -365,10 +390,13 @@ class Bundle:
             variant.save(directory / VARIANTS_DIR / variant.record.name)
         if self.classifier_nonpriv is not None:
             self.classifier_nonpriv.save(directory, "classifier_nonpriv")
-        if self.vote is not None:
+        if self.votes:
             from safetensors.numpy import save_file
 
-            arrays = {"weights": self.vote.weights, "bias": self.vote.bias}
+            arrays = {}
+            for index, vote in enumerate(self.votes):
+                suffix = f"_{index}" if index else ""
+                arrays[f"weights{suffix}"], arrays[f"bias{suffix}"] = vote.weights, vote.bias
             save_file(
                 {k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(directory / VOTE_FILE)
             )
@@ -396,14 +424,18 @@ class Bundle:
             variants=variants,
             classifier_nonpriv=_optional_mlp(directory, "classifier_nonpriv"),
             encoder_dir=directory / ENCODER_DIR,
-            vote=_optional_vote(directory),
+            votes=_votes(directory),
         )
 
 
-def _optional_vote(directory: Path) -> SentenceVote | None:
+def _votes(directory: Path) -> tuple[SentenceVote, ...]:
     if not (directory / VOTE_FILE).is_file():
-        return None
+        return ()
     from safetensors.numpy import load_file
 
     arrays = load_file(str(directory / VOTE_FILE))
-    return SentenceVote(arrays["weights"], arrays["bias"])
+    votes = [SentenceVote(arrays["weights"], arrays["bias"])]
+    while f"weights_{len(votes)}" in arrays:
+        suffix = f"_{len(votes)}"
+        votes.append(SentenceVote(arrays[f"weights{suffix}"], arrays[f"bias{suffix}"]))
+    return tuple(votes)

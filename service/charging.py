@@ -314,6 +314,7 @@ class Charging:
                 epsilon=epsilon_of_charge(admission.micro),
                 p=admission.choice.p,
                 release=admission.release,
+                vote=admission.choice.vote_index,
             )
             for charge_id, sentences in zip(reserved.charge_ids, admission.sentences, strict=True)
         ]

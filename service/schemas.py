@@ -182,6 +182,8 @@ class WorkItem(BaseModel):
     p: int
     release: Literal["candidate", "vote"] = "candidate"
     """What to draw: a DeepCandidate candidate, or a SentenceVote label."""
+    vote: int = Field(default=0, ge=0)
+    """Which of the bundle's votes draws a ``vote`` release (the p table's ``vote_index``)."""
 
 
 class WorkRequest(BaseModel):

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bentoml
 import numpy as np
@@ -29,6 +29,9 @@ from service.metrics import metric
 from service.scheduling import BATCH_KEY, FairGate
 from service.schemas import WorkItem, WorkReply, WorkRequest, WorkResult
 from service.settings import ACCESS_LOG, boot_settings, load_settings
+
+if TYPE_CHECKING:
+    from sentdp.bundle import Bundle
 
 BOOT = boot_settings()
 LATE = WorkResult(sampled=False, error="not started before its deadline")
@@ -255,34 +258,13 @@ class Worker:
     def _plan_together(self, items: list[WorkItem], tenants: list[str]) -> list[Any]:
         """Encode once with G; plan each vote item with SentenceVote (on G) and each
         candidate item in its variant (recoded), in item order."""
-        from sentdp.encoders import recode
-
         self._inject_fault(items, "before")
         started = time.perf_counter()
         encoded = self._encode_distinct(items, tenants)
         metric("worker_seconds").labels("encode").observe(time.perf_counter() - started)
         bounds = np.cumsum([0] + [len(item.sentences) for item in items])
         documents = [encoded[bounds[n] : bounds[n + 1]] for n in range(len(items))]
-        plans: list[Any] = [None] * len(items)
-        groups: dict[str, list[int]] = {}
-        for n, item in enumerate(items):
-            groups.setdefault("" if item.release == "vote" else item.variant, []).append(n)
-        for name, members in sorted(groups.items()):
-            epsilons = [items[n].epsilon for n in members]
-            if not name:
-                if self.bundle.vote is None:
-                    raise RuntimeError("this bundle has no SentenceVote")
-                planned = self.bundle.vote.plan_batch([documents[n] for n in members], epsilons)
-            else:
-                recoder = self.variants[name].recoder
-                planned = self.mechanisms[name].plan_batch(
-                    [recode(recoder, documents[n]) for n in members],
-                    epsilons,
-                    [items[n].p for n in members],
-                )
-            for n, plan in zip(members, planned, strict=True):
-                plans[n] = plan
-        return plans
+        return plan_encoded(self.bundle, self.mechanisms, items, documents)
 
     def _encode_distinct(self, items: list[WorkItem], tenants: list[str]) -> np.ndarray:
         """Every item's sentence embeddings, in order, each distinct sentence of a tenant
@@ -310,3 +292,36 @@ class Worker:
             handle.write("".join(f"{item.charge_id}\n" for item in items))
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def plan_encoded(
+    bundle: Bundle,
+    mechanisms: dict[str, DeepCandidate],
+    items: list[WorkItem],
+    documents: list[np.ndarray],
+) -> list[Any]:
+    """Each item's selection plan from its document's G embeddings, in item order: a vote
+    item with the bundle's vote the item names, a candidate item in its variant (recoded).
+    Items that share a vote or a variant are planned together."""
+    from sentdp.encoders import recode
+
+    plans: list[Any] = [None] * len(items)
+    groups: dict[tuple[str, int], list[int]] = {}
+    for n, item in enumerate(items):
+        key = ("", item.vote) if item.release == "vote" else (item.variant, 0)
+        groups.setdefault(key, []).append(n)
+    for (name, vote), members in sorted(groups.items()):
+        epsilons = [items[n].epsilon for n in members]
+        if not name:
+            if vote >= len(bundle.votes):
+                raise RuntimeError(f"this bundle has no SentenceVote {vote}")
+            planned = bundle.votes[vote].plan_batch([documents[n] for n in members], epsilons)
+        else:
+            planned = mechanisms[name].plan_batch(
+                [recode(bundle.variant(name).recoder, documents[n]) for n in members],
+                epsilons,
+                [items[n].p for n in members],
+            )
+        for n, plan in zip(members, planned, strict=True):
+            plans[n] = plan
+    return plans

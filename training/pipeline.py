@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -14,7 +15,6 @@ import numpy.typing as npt
 from rich.console import Console
 
 from sentdp.bundle import (
-    FORMAT_VERSION,
     Bundle,
     BundleManifest,
     CorpusRecord,
@@ -261,12 +261,14 @@ def build_bundle(
         data.embeddings, data.y, data.train, data.validation, config.epsilons, config.seed
     )
     p_table = with_label_choice(p_table, vote)
-    console.print(
-        f"SentenceVote: fitted on {vote.fitted_on}, C={vote.regularisation:g}, "
-        f"temperature {vote.temperature:g}, "
-        "expected validation macro-F1 "
-        + ", ".join(f"ε={e} {f:.3f}" for e, f in vote.validation_macro_f1.items())
-    )
+    for index, fit in enumerate(vote.fits):
+        runs_at = [e for e, i in vote.index_by_epsilon.items() if i == index]
+        console.print(
+            f"SentenceVote {index}: fitted on {fit.fitted_on}, C={fit.regularisation:g}, "
+            f"temperature {fit.temperature:g}, runs at ε={'/'.join(runs_at) or '-'}; "
+            "expected validation macro-F1 "
+            + ", ".join(f"ε={e} {f:.3f}" for e, f in fit.validation_macro_f1.items())
+        )
     scores: dict[str, Any] = {
         "validation_macro_f1": {
             "nonprivate": c_nonpriv.validation_macro_f1,
@@ -274,12 +276,11 @@ def build_bundle(
         },
         "choice_by_epsilon": {f"{c.epsilon:g}": f"{c.variant} p={c.p}" for c in p_table},
         "label_by_epsilon": {f"{c.epsilon:g}": c.label for c in p_table},
-        "vote": {
-            "fitted_on": vote.fitted_on,
-            "regularisation": vote.regularisation,
-            "temperature": vote.temperature,
-            **vote.validation_macro_f1,
-        },
+        "vote": vote.validation_macro_f1,
+        "votes": [
+            {**fit.describe(), "validation_macro_f1": fit.validation_macro_f1} for fit in vote.fits
+        ],
+        "vote_by_epsilon": vote.index_by_epsilon,
         "variants": variant_scores,
         "validation_grid": grid,
     }
@@ -291,9 +292,16 @@ def build_bundle(
         variants=tuple(variants),
         classifier_nonpriv=c_nonpriv.classifier,
         encoder_dir=encoder.path,
-        vote=vote.vote,
+        votes=vote.votes,
     )
     return bundle, scores
+
+
+def bundle_format_version(variants: Sequence[Variant], p_table: Sequence[PChoice]) -> int:
+    """The lowest format version whose readers run this bundle as it was trained."""
+    if any(choice.vote_index for choice in p_table):
+        return 3
+    return 2 if any(v.record.recoder_from for v in variants) else 1
 
 
 def training_data(
@@ -377,7 +385,7 @@ def bundle_manifest(
 ) -> BundleManifest:
     """Everything needed to load, audit and reproduce the bundle."""
     return BundleManifest(
-        format_version=FORMAT_VERSION if any(v.record.recoder_from for v in variants) else 1,
+        format_version=bundle_format_version(variants, p_table),
         name=model_name(config, corpus),
         recipe=config.recipe,
         created=datetime.now(UTC).isoformat(timespec="seconds"),

@@ -200,11 +200,48 @@ def test_a_bundle_keeps_its_vote_and_refuses_a_table_that_needs_a_missing_one(
     assert np.array_equal(loaded.vote.bias, bundle.vote.bias)
     assert [c.label for c in loaded.manifest.p_table] == ["vote", "candidate"]
     (tmp_path / "saved" / "label_vote.safetensors").unlink()
-    with pytest.raises(InputError, match="no vote"):
+    with pytest.raises(InputError, match="asks for vote 0 at epsilon 1, but the bundle has 0"):
         Bundle.load(tmp_path / "saved")
     old = tiny_bundle(encoder_dir=tmp_path / "encoder")  # a bundle from before the vote
     old.save(tmp_path / "old")
     assert Bundle.load(tmp_path / "old").vote is None
+
+
+def test_a_bundle_with_a_vote_per_epsilon_keeps_them_all_and_says_version_3(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    from sentdp.bundle import Bundle, BundleManifest
+    from tests.service.fakes import tiny_bundle
+
+    (tmp_path / "encoder").mkdir()
+    bundle = tiny_bundle(encoder_dir=tmp_path / "encoder", vote=True, second_vote=True)
+    bundle.save(tmp_path / "saved")
+    loaded = Bundle.load(tmp_path / "saved")
+    assert len(loaded.votes) == 2
+    for got, want in zip(loaded.votes, bundle.votes, strict=True):
+        assert np.array_equal(got.weights, want.weights)
+        assert np.array_equal(got.bias, want.bias)
+    assert not np.array_equal(loaded.votes[0].weights, loaded.votes[1].weights)
+    assert loaded.vote_for(1.0) is loaded.votes[1]  # the p table's choice at epsilon 1
+    assert loaded.vote_for(7.0) is loaded.votes[0]
+    assert loaded.vote is loaded.votes[0]
+    # a version-2 reader would serve vote 0 at epsilon 1: such a manifest is refused
+    manifest = json.loads((tmp_path / "saved" / "manifest.json").read_text())
+    assert manifest["format_version"] == 3
+    with pytest.raises(ValueError, match="more than one vote needs bundle format version 3"):
+        BundleManifest.model_validate({**manifest, "format_version": 2})
+    # a file that lost vote 1 cannot serve the table that names it
+    arrays = load_file(str(tmp_path / "saved" / "label_vote.safetensors"))
+    save_file(
+        {k: arrays[k] for k in ("weights", "bias")},
+        str(tmp_path / "saved" / "label_vote.safetensors"),
+    )
+    with pytest.raises(InputError, match="asks for vote 1 at epsilon 1, but the bundle has 1"):
+        Bundle.load(tmp_path / "saved")
 
 
 def test_above_the_flip_limit_the_vote_is_the_exponential_mechanism() -> None:

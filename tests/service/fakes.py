@@ -33,8 +33,10 @@ def tiny_bundle(
     encoder_dir: Path = Path("/nonexistent"),
     vote: bool = False,
     labels: list[str] | None = None,
+    second_vote: bool = False,
 ) -> Bundle:
-    """Two variants; with ``vote``, a SentenceVote that /classify uses at epsilon 1 (below 5)."""
+    """Two variants; with ``vote``, a SentenceVote that /classify uses at epsilon 1 (below 5);
+    with ``second_vote`` too, two votes, the p table running vote 1 at epsilon 1."""
     rng = np.random.default_rng(seed)
     labels = labels or LABELS
     records = [
@@ -61,6 +63,7 @@ def tiny_bundle(
         for record in records
     )
     manifest = BundleManifest(
+        format_version=3 if second_vote else 1,
         name="sentdp-unit",
         recipe="mixed",
         created="2026-01-01T00:00:00+00:00",
@@ -78,12 +81,21 @@ def tiny_bundle(
         splitter={"name": "test"},
         variants=records,
         p_table=[
-            PChoice(epsilon=1.0, variant="label-8d", p=3, label="vote" if vote else "candidate"),
+            PChoice(
+                epsilon=1.0,
+                variant="label-8d",
+                p=3,
+                label="vote" if vote else "candidate",
+                vote_index=1 if second_vote else 0,
+            ),
             PChoice(epsilon=5.0, variant="paper", p=6),
         ],
     )
-    voter = SentenceVote(rng.normal(size=(len(labels), DIM)), rng.normal(size=len(labels)))
-    return Bundle(manifest, variants, None, encoder_dir, voter if vote else None)
+    votes = tuple(
+        SentenceVote(rng.normal(size=(len(labels), DIM)), rng.normal(size=len(labels)))
+        for _ in range(2 if second_vote else 1)
+    )
+    return Bundle(manifest, variants, None, encoder_dir, votes if vote else ())
 
 
 def embed(sentence: str) -> np.ndarray:
@@ -121,8 +133,7 @@ class FakeWorker:
                 continue
             sentences = np.stack([embed(s) for s in item.sentences])
             if item.release == "vote":
-                assert self.bundle.vote is not None
-                plan = self.bundle.vote.plan_batch([sentences], [item.epsilon])
+                plan = self.bundle.votes[item.vote].plan_batch([sentences], [item.epsilon])
                 self.journal.append(item.charge_id)
                 results.append(
                     WorkResult(label=int(DeepCandidate.draw_plans(plan)[0]), sampled=True)

@@ -146,12 +146,16 @@ def test_classify_draws_the_vote_where_the_bundle_says_so_and_releases_the_label
     assert "label_mechanism" not in body["documents"][0]
 
 
-def test_the_vote_of_a_request_follows_its_exact_distribution(ledger: SqlLedger) -> None:
+@pytest.mark.parametrize("second_vote", [False, True])
+def test_the_vote_of_a_request_follows_its_exact_distribution(
+    ledger: SqlLedger, second_vote: bool
+) -> None:
+    """With two votes, the one the p table names for the request's epsilon draws the label."""
     from scipy.stats import chisquare
 
     from sentdp.labels import vote_log_probs
 
-    bundle = tiny_bundle(vote=True)
+    bundle = tiny_bundle(vote=True, second_vote=second_vote)
     worker = FakeWorker(bundle)
     flow = charging(ledger, worker, bundle=bundle)
     sentences = ["Shares fell.", "The match was won.", "A new phone."]
@@ -163,12 +167,13 @@ def test_the_vote_of_a_request_follows_its_exact_distribution(ledger: SqlLedger)
         )
         for document in body["documents"]:
             counts[document["label"]] += 1
-    assert bundle.vote is not None
-    exact = np.exp(
-        vote_log_probs(bundle.vote.deviations(np.stack([embed(s) for s in sentences])), 1.0)
-    )
+    embedded = np.stack([embed(s) for s in sentences])
+    exact = [np.exp(vote_log_probs(vote.deviations(embedded), 1.0)) for vote in bundle.votes]
     observed = [counts[label] for label in bundle.labels]
-    assert chisquare(observed, exact * sum(observed)).pvalue > 1e-3
+    used = 1 if second_vote else 0
+    assert chisquare(observed, exact[used] * sum(observed)).pvalue > 1e-3
+    if second_vote:  # the other vote's distribution is told apart: the test sees which ran
+        assert chisquare(observed, exact[0] * sum(observed)).pvalue < 1e-6
 
 
 def test_a_vote_s_epsilon_must_clear_the_vote_s_own_slack(ledger: SqlLedger) -> None:

@@ -8,6 +8,7 @@ import pytest
 import training.label_vote as label_vote_module
 from sentdp.bundle import PChoice
 from sentdp.errors import InputError
+from sentdp.labels import SentenceVote
 from training.embeddings import CorpusEmbeddings
 from training.label_vote import train_vote, vote_macro_f1, with_label_choice
 
@@ -36,12 +37,15 @@ def test_the_vote_learns_the_classes_and_two_class_models_get_two_rows() -> None
         assert result.vote.classes == classes
         fits = [("sentences", c) for c in label_vote_module.REGULARISATION]
         fits += [("documents", c) for c in label_vote_module.DOCUMENT_REGULARISATION]
-        assert (result.fitted_on, result.regularisation) in fits
+        assert all((f.fitted_on, f.regularisation) in fits for f in result.fits)
         scores = result.validation_macro_f1
         assert scores["50"] > 0.9  # clear classes, a large epsilon: nearly always right
         assert scores["1"] < scores["50"]
         documents = [embeddings.document(i) for i in validation]
-        assert vote_macro_f1(result.vote, documents, list(y[validation]), 50.0) == scores["50"]
+        for epsilon in (1.0, 50.0):
+            vote = result.vote_at(epsilon)
+            score = vote_macro_f1(vote, documents, list(y[validation]), epsilon)
+            assert score == scores[f"{epsilon:g}"]
 
 
 def test_the_table_takes_the_vote_only_where_it_scored_higher() -> None:
@@ -58,6 +62,32 @@ def test_the_table_takes_the_vote_only_where_it_scored_higher() -> None:
         result.validation_macro_f1["50"],
     ]
     assert [(c.variant, c.p) for c in chosen] == [("paper", 5), ("paper", 5)]
+    assert [c.vote_index for c in chosen] == [result.index_by_epsilon[e] for e in ("1", "50")]
+
+
+def fit(scores: dict[str, float], name: float) -> label_vote_module.VoteFit:
+    """A stand-in fit: ``name`` tells the fits apart (as its C)."""
+    vote = SentenceVote(np.eye(2, 3) * name, np.zeros(2))
+    return label_vote_module.VoteFit(vote, name, scores)
+
+
+def test_an_epsilon_gets_a_vote_of_its_own_only_where_it_gains_enough() -> None:
+    gain = label_vote_module.MIN_GAIN
+    base = fit({"1": 0.50, "3": 0.70, "10": 0.90}, 1.0)  # best on average
+    sharp = fit({"1": 0.50 + 2 * gain, "3": 0.70 + gain / 2, "10": 0.60}, 2.0)
+    soft = fit({"1": 0.30, "3": 0.50, "10": 0.90 + gain}, 3.0)
+    result = label_vote_module.choose_votes([sharp, base, soft])
+    assert result.fits == (base, sharp, soft)
+    # epsilon 3: sharp gains less than MIN_GAIN there, so vote 0 stays
+    assert result.index_by_epsilon == {"1": 1, "3": 0, "10": 2}
+    assert result.validation_macro_f1 == {"1": 0.50 + 2 * gain, "3": 0.70, "10": 0.90 + gain}
+    only = label_vote_module.choose_votes([base, fit({"1": 0.5 + gain / 2, "3": 0, "10": 0}, 4)])
+    assert only.fits == (base,)
+    assert set(only.index_by_epsilon.values()) == {0}
+    one_fit_wins_twice = fit({"1": 0.6, "3": 0.8, "10": 0.0}, 5.0)
+    result = label_vote_module.choose_votes([base, one_fit_wins_twice])
+    assert result.fits == (base, one_fit_wins_twice)  # stored once
+    assert result.index_by_epsilon == {"1": 1, "3": 1, "10": 0}
 
 
 def test_both_families_compete_on_validation(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -71,22 +101,23 @@ def test_both_families_compete_on_validation(monkeypatch) -> None:  # type: igno
     both = train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0)
     monkeypatch.setattr(label_vote, "DOCUMENT_REGULARISATION", ())
     sentences_only = train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0)
-    assert sentences_only.fitted_on == "sentences"
-    assert sentences_only.regularisation in label_vote.REGULARISATION
+    assert {f.fitted_on for f in sentences_only.fits} == {"sentences"}
+    assert sentences_only.fits[0].regularisation in label_vote.REGULARISATION
     assert _mean_score(both) >= _mean_score(sentences_only)
     monkeypatch.setattr(label_vote, "REGULARISATION", ())
     monkeypatch.setattr(label_vote, "DOCUMENT_REGULARISATION", (100.0,))
     documents_only = train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0)
-    assert (documents_only.fitted_on, documents_only.regularisation) == ("documents", 100.0)
+    assert {(f.fitted_on, f.regularisation) for f in documents_only.fits} == {("documents", 100.0)}
     model = LogisticRegression(C=100.0, max_iter=5000, random_state=0)
     model.fit(embeddings.means(train), y[train])
-    t = documents_only.temperature
+    t = documents_only.fits[0].temperature
     np.testing.assert_allclose(documents_only.vote.weights, model.coef_ / t)
     np.testing.assert_allclose(documents_only.vote.bias, model.intercept_ / t)
 
 
 def _mean_score(result: label_vote_module.VoteResult) -> float:
-    return float(np.mean(list(result.validation_macro_f1.values())))
+    """Vote 0's mean over the grid: what the families compete on."""
+    return float(np.mean(list(result.fits[0].validation_macro_f1.values())))
 
 
 def test_a_class_without_training_documents_is_refused() -> None:

@@ -85,12 +85,14 @@ def test_a_manifest_sharing_h_with_a_later_or_unknown_variant_is_refused(
     prototype_bundle.save(folder)
     assert not (folder / VARIANTS_DIR / "label-2d-k1" / "recoder.json").exists()
     manifest = json.loads((folder / MANIFEST).read_text())
-    assert manifest["format_version"] == 2  # a version-1 reader must not run it without H
+    written = manifest["format_version"]
+    # a version-1 reader must not run it without H (3 where it also holds a vote per epsilon)
+    assert written == (3 if any(c["vote_index"] for c in manifest["p_table"]) else 2)
     manifest["format_version"] = 1
     (folder / MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(InputError, match="format version 2"):
+    with pytest.raises(InputError, match="format version"):
         Bundle.load(folder)
-    manifest["format_version"] = 2
+    manifest["format_version"] = written
     manifest["variants"][1]["recoder_from"] = "label-2d-k4"
     (folder / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(InputError, match="shares H with 'label-2d-k4'"):

@@ -1,0 +1,58 @@
+"""The worker plans each item with the vote or variant the gateway named (service.worker)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sentdp.mechanism import DeepCandidate
+from service.schemas import WorkItem
+from service.worker import plan_encoded
+from tests.service.fakes import DIM, tiny_bundle
+
+
+def item(release: str, vote: int = 0, variant: str = "paper", epsilon: float = 1.0) -> WorkItem:
+    return WorkItem(
+        charge_id=1,
+        model="m",
+        variant=variant,
+        sentences=["A."],
+        epsilon=epsilon,
+        p=3,
+        release=release,  # type: ignore[arg-type]
+        vote=vote,
+    )
+
+
+def same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and all(
+        np.array_equal(getattr(a, f.name), getattr(b, f.name)) for f in fields(a)
+    )
+
+
+def test_each_vote_item_is_planned_with_the_vote_it_names() -> None:
+    bundle = tiny_bundle(vote=True, second_vote=True)
+    mechanisms = {v.record.name: v.mechanism() for v in bundle.variants}
+    rng = np.random.default_rng(0)
+    documents = [rng.normal(size=(k, DIM)) for k in (3, 5, 2, 4)]
+    items = [item("vote", 1), item("vote", 0, epsilon=2.0), item("candidate"), item("vote", 1)]
+    plans = plan_encoded(bundle, mechanisms, items, documents)
+    for n in (0, 1, 3):
+        vote = bundle.votes[items[n].vote]
+        (expected,) = vote.plan_batch([documents[n]], [items[n].epsilon])
+        assert same(plans[n], expected)
+    (other,) = bundle.votes[0].plan_batch([documents[0]], [1.0])
+    assert not same(plans[0], other)  # the two votes plan differently: the test sees which ran
+    (candidate,) = mechanisms["paper"].plan_batch([documents[2]], [1.0], [3])
+    assert same(plans[2], candidate)
+    assert len(DeepCandidate.draw_plans(plans)) == 4
+
+
+def test_a_vote_the_bundle_lacks_is_refused_before_anything_is_drawn() -> None:
+    bundle = tiny_bundle(vote=True)
+    mechanisms = {v.record.name: v.mechanism() for v in bundle.variants}
+    with pytest.raises(RuntimeError, match="no SentenceVote 1"):
+        plan_encoded(bundle, mechanisms, [item("vote", 1)], [np.ones((2, DIM))])
