@@ -39,15 +39,20 @@ def compare(bundle: Bundle, epsilons: Sequence[float]) -> list[tuple[str, float,
     bundle.check_encoder()
     encoder = open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device)
     embeddings = embed_corpus(corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter))
-    index = {label: i for i, label in enumerate(corpus.labels)}
+    class_of = {label: i for i, label in enumerate(corpus.labels)}
     rows = []
     for split in ("validation", "test"):
         documents = list(getattr(splits, split))
-        truth = [index[corpus.documents[i].label] for i in documents]
+        truth = [class_of[corpus.documents[i].label] for i in documents]
+        by_vote: dict[int, list[npt.NDArray[np.int64]]] = {}
         for epsilon in epsilons:
-            vote = bundle.vote_for(epsilon)  # the vote the bundle runs at this epsilon
-            deviations = [vote.deviations(embeddings.document(i)) for i in documents]
-            exponential = np.zeros((vote.classes, vote.classes))
+            index = bundle.manifest.choice_for(epsilon).vote_index  # as the service runs it
+            if index not in by_vote:
+                vote = bundle.votes[index]
+                by_vote[index] = [vote.deviations(embeddings.document(i)) for i in documents]
+            deviations = by_vote[index]
+            classes = bundle.votes[index].classes
+            exponential = np.zeros((classes, classes))
             flip = np.zeros_like(exponential)
             for devs, label in zip(deviations, truth, strict=True):
                 exponential[label] += exponential_probs(devs, epsilon)

@@ -303,7 +303,8 @@ class Bundle:
         if any(vote.classes != r for vote in self.votes):
             raise InputError("a vote classifier does not match the bundle's labels")
         for choice in self.manifest.p_table:
-            if choice.label == "vote" and choice.vote_index >= len(self.votes):
+            needed = choice.label == "vote" or choice.vote_index > 0
+            if needed and choice.vote_index >= len(self.votes):
                 raise InputError(
                     f"the p table asks for vote {choice.vote_index} at epsilon "
                     f"{choice.epsilon:g}, but the bundle has {len(self.votes)} votes"
@@ -434,8 +435,11 @@ def _votes(directory: Path) -> tuple[SentenceVote, ...]:
     from safetensors.numpy import load_file
 
     arrays = load_file(str(directory / VOTE_FILE))
-    votes = [SentenceVote(arrays["weights"], arrays["bias"])]
-    while f"weights_{len(votes)}" in arrays:
-        suffix = f"_{len(votes)}"
-        votes.append(SentenceVote(arrays[f"weights{suffix}"], arrays[f"bias{suffix}"]))
-    return tuple(votes)
+    count = sum(1 for key in arrays if key.startswith("weights"))
+    suffixes = [f"_{index}" if index else "" for index in range(count)]
+    expected = {f"{part}{suffix}" for suffix in suffixes for part in ("weights", "bias")}
+    if set(arrays) != expected:
+        raise InputError(
+            f"{directory / VOTE_FILE} should hold {sorted(expected)}, it holds {sorted(arrays)}"
+        )
+    return tuple(SentenceVote(arrays[f"weights{x}"], arrays[f"bias{x}"]) for x in suffixes)

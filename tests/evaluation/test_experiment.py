@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from evaluation.experiment import EvalConfig, rescore_labels, run_evaluation
@@ -120,3 +121,24 @@ def test_labels_only_rescores_the_label_rows_and_keeps_the_others(quick_bundle_t
         rescore_labels([bundle], results, settings, dataclasses.replace(config, mdp_documents=5))
     with pytest.raises(ValueError, match="trials"):
         rescore_labels([bundle], results, settings, dataclasses.replace(config, trials=3))
+
+
+def test_bundles_share_a_vote_row_only_if_they_run_the_same_vote_at_every_epsilon(
+    tmp_path: Path,
+) -> None:
+    """Recipes of one corpus share the SentenceVote row only when every grid epsilon runs
+    the same classifier: the same vote 0 with a different vote at epsilon 1 is another row."""
+    from evaluation.experiment import _distinct_votes, _same_vote
+    from tests.service.fakes import tiny_bundle
+
+    one = tiny_bundle(encoder_dir=tmp_path, vote=True)
+    two = tiny_bundle(encoder_dir=tmp_path, vote=True, second_vote=True)
+    assert _same_vote(one, tiny_bundle(encoder_dir=tmp_path, vote=True))
+    assert np.array_equal(one.votes[0].weights, two.votes[0].weights)  # vote 0 is shared
+    assert not _same_vote(one, two)
+    assert two.vote_for(0.5) is two.votes[1]  # below the grid: its first entry
+    assert two.vote_for(7.0) is two.votes[0]
+    distinct = _distinct_votes([one, two, one])
+    assert len(distinct) == 2
+    assert distinct[0] is one
+    assert distinct[1] is two

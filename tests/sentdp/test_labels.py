@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from sentdp.bundle import Bundle
 from sentdp.errors import InputError
 from sentdp.labels import (
     FLIP_MAX_CLASSES,
@@ -187,7 +188,6 @@ def test_malformed_classifiers_are_refused() -> None:
 def test_a_bundle_keeps_its_vote_and_refuses_a_table_that_needs_a_missing_one(
     tmp_path: Path,
 ) -> None:
-    from sentdp.bundle import Bundle
     from tests.service.fakes import tiny_bundle
 
     (tmp_path / "encoder").mkdir()
@@ -214,7 +214,7 @@ def test_a_bundle_with_a_vote_per_epsilon_keeps_them_all_and_says_version_3(
 
     from safetensors.numpy import load_file, save_file
 
-    from sentdp.bundle import Bundle, BundleManifest
+    from sentdp.bundle import BundleManifest
     from tests.service.fakes import tiny_bundle
 
     (tmp_path / "encoder").mkdir()
@@ -242,6 +242,34 @@ def test_a_bundle_with_a_vote_per_epsilon_keeps_them_all_and_says_version_3(
     )
     with pytest.raises(InputError, match="asks for vote 1 at epsilon 1, but the bundle has 1"):
         Bundle.load(tmp_path / "saved")
+    # a vote file that lost half a vote is refused by name, not half read
+    save_file(
+        {k: arrays[k] for k in ("weights", "bias", "weights_1")},
+        str(tmp_path / "saved" / "label_vote.safetensors"),
+    )
+    with pytest.raises(InputError, match=r"should hold.*bias_1"):
+        Bundle.load(tmp_path / "saved")
+
+
+def test_a_p_table_naming_a_missing_vote_is_refused_on_any_row(tmp_path: Path) -> None:
+    """Evaluation scores the vote at candidate rows too: an index past the votes is refused
+    at load time whatever the row's label."""
+    bundle = tiny_bundle_two_votes(tmp_path)
+    table = [
+        choice.model_copy(update={"label": "candidate", "vote_index": 2})
+        if choice.epsilon == 1.0
+        else choice
+        for choice in bundle.manifest.p_table
+    ]
+    manifest = bundle.manifest.model_copy(update={"p_table": table})
+    with pytest.raises(InputError, match="asks for vote 2 at epsilon 1, but the bundle has 2"):
+        Bundle(manifest, bundle.variants, None, bundle.encoder_dir, bundle.votes)
+
+
+def tiny_bundle_two_votes(tmp_path: Path) -> Bundle:
+    from tests.service.fakes import tiny_bundle
+
+    return tiny_bundle(encoder_dir=tmp_path, vote=True, second_vote=True)
 
 
 def test_above_the_flip_limit_the_vote_is_the_exponential_mechanism() -> None:
