@@ -209,7 +209,9 @@ def _as_vote(coef: npt.NDArray[np.floating], intercept: npt.NDArray[np.floating]
 
 def with_label_choice(p_table: Sequence[PChoice], vote: VoteResult) -> list[PChoice]:
     """The p table with, per epsilon, the label source of higher expected validation macro-F1
-    (the candidate's on ties: it costs nothing extra)."""
+    (the candidate's on ties: it costs nothing extra). Both sides are maxima over choices
+    made on the same validation split (the vote's over its fits, the candidate's over
+    variants and p), so neither is favoured by the comparison alone."""
     chosen = []
     for choice in p_table:
         key = f"{choice.epsilon:g}"
