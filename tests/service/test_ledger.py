@@ -138,20 +138,29 @@ def test_a_refused_or_refunded_request_leaves_its_key_free(ledger: SqlLedger) ->
     assert second.account.spent_micro == MICRO
 
 
+def age_pending_keys(ledger: SqlLedger, seconds: float) -> None:
+    """Make every idempotency key ``seconds`` older (instead of sleeping past a short
+    timeout, which a loaded machine can overrun between two later steps)."""
+    with ledger.transaction() as cur:
+        ledger._execute(
+            cur, "UPDATE sentdp_idempotency SET created_at = created_at - :s", {"s": seconds}
+        )
+
+
 def test_abandoned_pending_keys_are_processed_as_new_requests(ledger_url: tuple[str, str]) -> None:
-    ledger = open_ledger(*ledger_url, pending_timeout=0.05)
+    ledger = open_ledger(*ledger_url, pending_timeout=60)
     key = IdempotencyKey("k1", "hmac-a")
     reserve(ledger, idempotency=key)
-    time.sleep(0.1)
+    age_pending_keys(ledger, 120)
     assert reserve(ledger, idempotency=key).account.spent_micro == 2 * MICRO
     ledger.close()
 
 
 def test_an_abandoned_key_belongs_to_whoever_took_it_over(ledger_url: tuple[str, str]) -> None:
-    ledger = open_ledger(*ledger_url, pending_timeout=0.05)
+    ledger = open_ledger(*ledger_url, pending_timeout=60)
     key = IdempotencyKey("k1", "hmac-a")
     first = ledger.reserve("acme", "alice", ONE, POLICY, "req-a", key)
-    time.sleep(0.1)
+    age_pending_keys(ledger, 120)  # the first request's key is abandoned; the second's is not
     with pytest.raises(IdempotencyMismatchError):  # only an expired key may change body
         ledger.reserve("acme", "alice", ONE, POLICY, "req-x", IdempotencyKey("k1", "hmac-b"))
     second = ledger.reserve("acme", "alice", ONE, POLICY, "req-b", key)
