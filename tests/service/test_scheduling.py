@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from service.scheduling import FairGate
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll until ``condition`` holds (ordering by state, not by sleeps a loaded CI can overrun)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.001)
 
 
 def test_a_flooding_key_does_not_starve_another() -> None:
@@ -21,13 +30,14 @@ def test_a_flooding_key_does_not_starve_another() -> None:
 
     first = threading.Thread(target=work, args=("A", "A0"))
     first.start()
-    time.sleep(0.05)
+    wait_for(lambda: order == ["A0"])
     threads = []
-    for label, key in [("A1", "A"), ("A2", "A"), ("A3", "A"), ("B1", "B"), ("B2", "B")]:
+    labels = [("A1", "A"), ("A2", "A"), ("A3", "A"), ("B1", "B"), ("B2", "B")]
+    for n, (label, key) in enumerate(labels, start=1):
         thread = threading.Thread(target=work, args=(key, label))
         thread.start()
         threads.append(thread)
-        time.sleep(0.05)  # arrival order: A1, A2, A3, B1, B2
+        wait_for(lambda n=n: gate.waiting() == n)  # arrival order: A1, A2, A3, B1, B2
     assert gate.waiting() == 5
     release.set()
     for thread in [first, *threads]:
@@ -72,7 +82,7 @@ def test_a_waiter_gives_up_at_its_deadline_and_the_next_one_goes() -> None:
 
     holder = threading.Thread(target=hold)
     holder.start()
-    time.sleep(0.05)
+    wait_for(lambda: "A" in outcomes)
     late = threading.Thread(target=wait, args=("B", time.time() + 0.1))
     patient = threading.Thread(target=wait, args=("C", None))
     late.start()
