@@ -89,28 +89,32 @@ class Worker:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts
         from sentdp.bundle import Bundle
-        from sentdp.encoders import open_encoder
+        from sentdp.encoders import open_encoder, pick_device
 
         settings = load_settings()
         stored = self.bundle_model
         self.version = str(stored.tag)
         self.bundle = Bundle.load(Path(stored.path))
         self.bundle.check_encoder(settings.encoder_backend)
+        device = settings.device or "cpu"
         if self.bundle.encoder_backend == "torch":  # ONNX bundles never import torch
             import torch
 
             torch.set_num_threads(settings.worker_threads)
+            device = pick_device(settings.device)
         self.encoder = open_encoder(
             self.bundle.encoder_dir,
             self.bundle.encoder_backend,
-            settings.device,
-            settings.encode_batch_size,
+            device,
+            settings.encoder_rows(device),
             threads=settings.worker_threads,
         )
         self.encoder_mode = self._batch_invariant_encoder()
-        device = self.encoder.device if self.encoder.device.startswith("cuda") else None
+        depth_device = self.encoder.device if self.encoder.device.startswith("cuda") else None
         self.variants = {v.record.name: v for v in self.bundle.variants}
-        self.mechanisms = {name: v.mechanism(device=device) for name, v in self.variants.items()}
+        self.mechanisms = {
+            name: v.mechanism(device=depth_device) for name, v in self.variants.items()
+        }
         self.journal = settings.sample_journal
         self.fault_marker = settings.fault_marker
         if self.fault_marker:
@@ -178,12 +182,12 @@ class Worker:
         from sentdp.encoders import open_encoder
 
         settings = load_settings()
-        rows = settings.encode_batch_size if device.startswith("cuda") else None
+        cuda = device.startswith("cuda")
         return open_encoder(
             self.encoder.path,
             self.bundle.encoder_backend,
             device,
-            rows or settings.cpu_fixed_batch_size,
+            settings.encoder_rows(device) if cuda else settings.cpu_fixed_batch_size,
             fixed_batch=True,
             threads=settings.worker_threads,
         )
