@@ -26,9 +26,9 @@ import numpy as np
 from sentdp.mechanism import DeepCandidate
 from service import logs
 from service.metrics import metric
-from service.scheduling import BATCH_KEY, FairGate
+from service.scheduling import BATCH_KEY, ComputeThread, FairGate
 from service.schemas import WorkItem, WorkReply, WorkRequest, WorkResult
-from service.settings import ACCESS_LOG, boot_settings, load_settings
+from service.settings import ACCESS_LOG, ServiceSettings, boot_settings, load_settings
 
 if TYPE_CHECKING:
     from sentdp.bundle import Bundle
@@ -89,13 +89,26 @@ class Worker:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts
         from sentdp.bundle import Bundle
-        from sentdp.encoders import open_encoder, pick_device
 
         settings = load_settings()
         stored = self.bundle_model
         self.version = str(stored.tag)
         self.bundle = Bundle.load(Path(stored.path))
         self.bundle.check_encoder(settings.encoder_backend)
+        self.variants = {v.record.name: v for v in self.bundle.variants}
+        self.journal = settings.sample_journal
+        self.fault_marker = settings.fault_marker
+        if self.fault_marker:
+            logs.log_event("fault_marker_set_tests_only", logging.WARNING)
+        self.gate = FairGate()
+        self.compute = ComputeThread()  # torch's start-up and every computation: one team
+        self.compute.run(self._open_encoder, settings)
+
+    def _open_encoder(self, settings: ServiceSettings) -> None:
+        """Load G, check that batching cannot move an embedding, build the mechanisms (on
+        CUDA their depth runs in torch) and warm up; on the compute thread."""
+        from sentdp.encoders import open_encoder, pick_device
+
         device = settings.device or "cpu"
         if self.bundle.encoder_backend == "torch":  # ONNX bundles never import torch
             import torch
@@ -111,15 +124,9 @@ class Worker:
         )
         self.encoder_mode = self._batch_invariant_encoder()
         depth_device = self.encoder.device if self.encoder.device.startswith("cuda") else None
-        self.variants = {v.record.name: v for v in self.bundle.variants}
         self.mechanisms = {
             name: v.mechanism(device=depth_device) for name, v in self.variants.items()
         }
-        self.journal = settings.sample_journal
-        self.fault_marker = settings.fault_marker
-        if self.fault_marker:
-            logs.log_event("fault_marker_set_tests_only", logging.WARNING)
-        self.gate = FairGate()
         self.encoder.encode(["Warm up the encoder."])
 
     # Routes under /worker/: BentoML's request metrics of the worker and the gateway share
@@ -199,7 +206,7 @@ class Worker:
         deadline = max((r.deadline for r in requests), default=0.0)
         with self.gate.turn(key, deadline) as started:
             if started:
-                return self._compute(requests)
+                return self.compute.run(self._compute, requests)
         metric("late_requests").inc(len(requests))
         return [WorkReply(results=[LATE] * len(r.items)) for r in requests]
 

@@ -1,4 +1,4 @@
-"""The worker's gate: one computation at a time, keys served round-robin."""
+"""The worker's gate (one computation at a time, keys served round-robin) and compute thread."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from service.scheduling import FairGate
+import pytest
+
+from service.scheduling import ComputeThread, FairGate
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -95,3 +97,33 @@ def test_a_waiter_gives_up_at_its_deadline_and_the_next_one_goes() -> None:
     patient.join(5)
     assert outcomes == {"A": True, "B": False, "C": True}
     assert gate.waiting() == 0
+
+
+def test_every_call_runs_on_one_thread_whoever_calls() -> None:
+    compute = ComputeThread()
+    ran_on: list[int] = []
+
+    def call() -> None:
+        ran_on.append(compute.run(threading.get_ident))
+
+    callers = [threading.Thread(target=call) for _ in range(6)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    call()
+    assert len(ran_on) == 7
+    assert len(set(ran_on)) == 1
+    assert ran_on[0] not in {threading.get_ident(), *(c.ident for c in callers)}
+
+
+def test_the_caller_gets_the_result_or_the_exception() -> None:
+    compute = ComputeThread()
+    assert compute.run(divmod, 7, 2) == (3, 1)
+
+    def fail() -> None:
+        raise ValueError("from the compute thread")
+
+    with pytest.raises(ValueError, match="from the compute thread"):
+        compute.run(fail)
+    assert compute.run(sum, [1, 2]) == 3  # the thread survives a failed call
