@@ -266,8 +266,8 @@ def main() -> None:
     reference = plain_rate(measured, first.encoder_dir, batch=64)
     raw: dict[str, float] = {"sentence-transformers encode (torch)": reference}
     for bundle in bundles.values():
-        rows = load_settings().encoder_rows("cpu")  # the rows the worker's CPU encoder uses
-        raw |= raw_encoder_rates(measured, bundle.encoder_dir, bundle.encoder_backend, rows)
+        worker_rows = load_settings().encoder_rows("cpu")  # as the worker's CPU encoder
+        raw |= raw_encoder_rates(measured, bundle.encoder_dir, bundle.encoder_backend, worker_rows)
 
     rows: list[tuple[str, str, dict[str, Any]]] = []
     starts: dict[str, float] = {}
