@@ -68,7 +68,7 @@ def _rate(encode: Any, sentences: int) -> float:
 
 
 def raw_encoder_rates(
-    documents: list[list[str]], model_dir: Path, backend: str, batch: int
+    documents: list[list[str]], model_dir: Path, backend: str
 ) -> dict[str, float]:
     """Sentences/s of sentdp's encoder for ``backend`` in this process: all sentences at once
     (plain length buckets, and fixed-shape batches as the worker uses where the start-up
@@ -76,10 +76,10 @@ def raw_encoder_rates(
     from sentdp.encoders import open_encoder
 
     sentences = [s for doc in documents for s in doc]
+    settings = load_settings()  # the worker under test reads the same ones
     rates = {}
     for fixed in (False, True):
-        # the worker under test reads the same setting (SENTDP_CPU_FIXED_BATCH_SIZE)
-        rows = load_settings().cpu_fixed_batch_size if fixed else batch
+        rows = settings.cpu_fixed_batch_size if fixed else settings.encoder_rows("cpu")
         encoder = open_encoder(model_dir, backend, "cpu", rows, fixed, threads=THREADS)
         encoder.encode(sentences[:256])  # warm up
         mode = "fixed batches" if fixed else "buckets"
@@ -266,8 +266,7 @@ def main() -> None:
     reference = plain_rate(measured, first.encoder_dir, batch=64)
     raw: dict[str, float] = {"sentence-transformers encode (torch)": reference}
     for bundle in bundles.values():
-        worker_rows = load_settings().encoder_rows("cpu")  # as the worker's CPU encoder
-        raw |= raw_encoder_rates(measured, bundle.encoder_dir, bundle.encoder_backend, worker_rows)
+        raw |= raw_encoder_rates(measured, bundle.encoder_dir, bundle.encoder_backend)
 
     rows: list[tuple[str, str, dict[str, Any]]] = []
     starts: dict[str, float] = {}
