@@ -98,7 +98,7 @@ class ServiceSettings(BaseSettings):
     encode_batch_size: int | None = Field(default=None, ge=1)
     """Rows per encoder pass (:meth:`encoder_rows`); unset: 64 on a GPU, 32 on the CPU, where
     one pass's activations are the top of the worker's memory (torch, BBC News, concurrency
-    32: the whole server peaked at 1,005-1,067 MiB with 64 rows, 949-953 MiB with 32; the
+    32: the whole server peaked at 989-1,067 MiB with 64 rows, 935-953 MiB with 32; the
     encoder alone ran 2% slower, measured)."""
     cpu_fixed_batch_size: int = Field(default=8, ge=1)
     """Rows of every encoder pass on the CPU when the start-up check asks for fixed-shape
