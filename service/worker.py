@@ -39,8 +39,8 @@ LATE = WorkResult(sampled=False, error="not started before its deadline")
 """The answer for an item whose request's deadline passed before its turn (nothing drawn)."""
 REPLIES = Annotated[list[WorkReply], ContentType("application/json")]
 """The worker's answer type. The media type is stated because BentoML otherwise derives it
-from the list's JSON schema on every response (about a third of the worker's event-loop
-time under load, profiled)."""
+from the list's JSON schema on every response (a third of the worker event loop's busy
+samples under load, profiled)."""
 WORKER_CALLERS = 64
 """Threads that may wait inside the worker at once: BentoML's default of one would queue
 calls first come, first served before they reach the gate that lets tenants take turns."""
