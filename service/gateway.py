@@ -51,7 +51,12 @@ from service.tenants import Tenant, TenantRegistry, TenantSource
 from service.validation import Limits
 from service.views import budget_view
 from service.worker import Worker
-from service.worker_client import call_worker, harden
+from service.worker_client import (
+    DISPATCHER_TRAINING_CALLS,
+    call_worker,
+    harden,
+    warm_dispatcher,
+)
 
 BOOT = boot_settings()
 
@@ -116,6 +121,8 @@ class Gateway:
         )
         self.lookups = Lookups(bundle, version)
         self._ready_until = 0.0
+        self._warmed = False
+        self._warming = asyncio.Lock()
         logs.log_event("gateway_ready", model=version)
 
     # --- the API ---------------------------------------------------------------------------
@@ -169,10 +176,32 @@ class Gateway:
         try:
             ready = bool(await asyncio.wait_for(probe(1), READY_PROBE_SECONDS))
         except Exception:  # a timeout or a refused connection: not ready
+            ready = False
+        if not ready:
+            self._warmed = False  # a worker that restarts needs its dispatcher trained again
             return False
-        if ready:
-            self._ready_until = time.monotonic() + READY_CACHE_SECONDS
-        return ready
+        if not self._warmed:
+            await self._warm_dispatcher()
+        self._ready_until = time.monotonic() + READY_CACHE_SECONDS
+        return True
+
+    async def _warm_dispatcher(self) -> None:
+        """Once per worker start seen: train the worker's batching dispatcher on empty calls
+        (see :func:`~service.worker_client.warm_dispatcher`). Readiness waits for it; a
+        failure only costs the first requests' latency, so it is logged, not fatal."""
+        async with self._warming:
+            if self._warmed:
+                return
+            if self.settings.adaptive_batching:
+                try:
+                    answered = await asyncio.wait_for(
+                        warm_dispatcher(self.worker), READY_PROBE_SECONDS
+                    )
+                except Exception:
+                    answered = 0
+                level = logging.INFO if answered == DISPATCHER_TRAINING_CALLS else logging.WARNING
+                logs.log_event("worker_dispatcher_warmed", level, calls=answered)
+            self._warmed = True
 
     # --- adapters --------------------------------------------------------------------------
     async def _charged(

@@ -207,7 +207,11 @@ class Worker:
     def _run(self, requests: list[WorkRequest], key: str) -> list[WorkReply]:
         """Wait for this key's turn, at most until the last deadline of ``requests``: a
         request that cannot start in time returns unsampled well before the caller's timeout
-        (waiting past it would turn into an answer lost after a possible sampling)."""
+        (waiting past it would turn into an answer lost after a possible sampling). Requests
+        without items (:func:`service.worker_client.warm_dispatcher`) answer at once, without
+        the gate, the compute thread or the batch metrics."""
+        if not any(r.items for r in requests):  # the gateway's warm-up calls: nothing to do
+            return [WorkReply(results=[]) for _ in requests]
         deadline = max((r.deadline for r in requests), default=0.0)
         with self.gate.turn(key, deadline) as started:
             if started:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sentdp.bundle import Bundle
+from service.worker_client import DISPATCHER_TRAINING_CALLS
 from tests.support import (
     METRICS_TOKEN,
     TENANTS,
@@ -368,3 +369,17 @@ def test_readyz_answers_503_at_once_while_the_worker_starts_never_hangs(server) 
     assert set(statuses) <= {200, 503}, server.probes
     assert 503 in statuses, server.probes
     assert max(seconds for _, seconds in server.probes) < 15, server.probes
+
+
+def test_readiness_waits_for_the_worker_dispatcher_warm_up(server) -> None:
+    """Before /readyz first said 200, the gateway trained the worker's batching dispatcher
+    on empty calls, all answered (service.worker_client.warm_dispatcher)."""
+    assert server.log is not None
+    events = [
+        json.loads(line)
+        for line in server.log.read_text().splitlines()
+        if line.startswith("{") and '"worker_dispatcher_warmed"' in line
+    ]
+    assert events, "no worker_dispatcher_warmed event"
+    for event in events:  # one per gateway process
+        assert (event["calls"], event["level"]) == (DISPATCHER_TRAINING_CALLS, "info"), event
