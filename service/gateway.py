@@ -193,6 +193,7 @@ class Gateway:
             if self._warmed:
                 return
             if self.settings.adaptive_batching:
+                started = time.perf_counter()
                 try:
                     answered = await asyncio.wait_for(
                         warm_dispatcher(self.worker), READY_PROBE_SECONDS
@@ -200,7 +201,8 @@ class Gateway:
                 except Exception:
                     answered = 0
                 level = logging.INFO if answered == DISPATCHER_TRAINING_CALLS else logging.WARNING
-                logs.log_event("worker_dispatcher_warmed", level, calls=answered)
+                seconds = round(time.perf_counter() - started, 3)
+                logs.log_event("worker_dispatcher_warmed", level, calls=answered, seconds=seconds)
             self._warmed = True
 
     # --- adapters --------------------------------------------------------------------------

@@ -78,9 +78,10 @@ DISPATCHER_TRAINING_CALLS = 11
 dispatches as training before it batches freely: eight, then one, then a batch it holds until
 two calls are queued and one it holds until three are, each hold bounded by a multiple of the
 batch times measured so far. At concurrency 1 the last two are single user requests held
-about 1.5 and 2 batch times: 0.3 and 0.4 s with the int8 encoder on this project's slower
-2-core machine (in-process, BentoML's dispatcher, 0.2 s batches), which added 10 ms per
-request to a 60-request run after 8 warm-up requests."""
+about 1.5 and 2 batch times: 0.3 and 0.4 s with 0.2 s batches (in-process, BentoML's
+dispatcher), about 11 ms per request of a 60-request run at concurrency 1 after 8 warm-up
+requests (torch and int8 encoders on a slow 2-core machine; README, "The batching
+dispatcher's training")."""
 
 
 async def warm_dispatcher(proxy: Any, calls: int = DISPATCHER_TRAINING_CALLS) -> int:
