@@ -209,10 +209,11 @@ class Worker:
         request that cannot start in time returns unsampled well before the caller's timeout
         (waiting past it would turn into an answer lost after a possible sampling). Requests
         without items (:func:`service.worker_client.warm_dispatcher`) answer at once, without
-        the gate, the compute thread or the batch metrics."""
+        the gate, the compute thread or the batch metrics, and their deadlines never extend
+        the wait of a batch they share with users' requests."""
         if not any(r.items for r in requests):  # the gateway's warm-up calls: nothing to do
             return [WorkReply(results=[]) for _ in requests]
-        deadline = max((r.deadline for r in requests), default=0.0)
+        deadline = max((r.deadline for r in requests if r.items), default=0.0)
         with self.gate.turn(key, deadline) as started:
             if started:
                 return self.compute.run(self._compute, requests)
@@ -225,6 +226,8 @@ class Worker:
         replies = [[LATE] * len(r.items) for r in requests]
         live: list[tuple[int, int, WorkItem]] = []
         for r, request in enumerate(requests):
+            if not request.items:  # a warm-up call sharing the batch: nothing to answer
+                continue
             if now > request.deadline:
                 metric("late_requests").inc()
                 continue

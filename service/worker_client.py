@@ -23,6 +23,7 @@ costs microseconds). bentoml is pinned to 1.4.39 in pyproject.toml; the test sui
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
 import time
@@ -84,19 +85,27 @@ requests (torch and int8 encoders on a slow 2-core machine; README, "The batchin
 dispatcher's training")."""
 
 
-async def warm_dispatcher(proxy: Any, calls: int = DISPATCHER_TRAINING_CALLS) -> int:
+async def warm_dispatcher(
+    proxy: Any, calls: int = DISPATCHER_TRAINING_CALLS, seconds: float = 2.0
+) -> int:
     """Train the worker's batching dispatcher on ``calls`` empty requests, one after another
     (calls sent at once would be dispatched as one training batch), so that its training
-    holds no user's request; how many were answered before the first failure. The worker
-    answers a request without items at once (no gate, no computation, no metrics), so the
+    holds no user's request; how many were answered before the first failure or the end of
+    ``seconds``. The worker answers a request without items at once (no gate, no
+    computation, no metrics, and its deadline never extends a batch's wait), so the
     dispatcher measures near-zero batch times and holds each training batch only as long."""
-    deadline = time.time() + 60.0
+    ends = time.monotonic() + seconds
     answered = 0
     for n in range(calls):
-        work = WorkRequest(request_id=f"warm-up-{n}", tenant="warm-up", deadline=deadline, items=[])
+        left = ends - time.monotonic()
+        if left <= 0:
+            return answered
+        work = WorkRequest(
+            request_id=f"warm-up-{n}", tenant="warm-up", deadline=time.time() + left, items=[]
+        )
         try:
-            await proxy.to_async.privatize([work])
-        except Exception:  # the worker is failing: the caller logs how far this got
+            await asyncio.wait_for(proxy.to_async.privatize([work]), left)
+        except Exception:  # a timeout or a failing worker: the caller logs how far this got
             return answered
         answered += 1
     return answered

@@ -381,5 +381,5 @@ def test_readiness_waits_for_the_worker_dispatcher_warm_up(server) -> None:
         if line.startswith("{") and '"worker_dispatcher_warmed"' in line
     ]
     assert events, "no worker_dispatcher_warmed event"
-    for event in events:  # one per gateway process
-        assert (event["calls"], event["level"]) == (DISPATCHER_TRAINING_CALLS, "info"), event
+    # The first, before the first 200 (a second gateway process may warm later, under load).
+    assert (events[0]["calls"], events[0]["level"]) == (DISPATCHER_TRAINING_CALLS, "info")

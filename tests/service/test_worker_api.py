@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -47,3 +49,27 @@ def test_a_batch_with_any_item_still_takes_its_turn() -> None:
     worker = SimpleNamespace(gate=Refuse(), compute=Refuse())
     with pytest.raises(AssertionError, match="gate"):
         Worker.inner._run(worker, [_request([]), _request([item])], BATCH_KEY)
+
+
+class Closed:
+    """A gate whose turn never comes: records the deadline it was asked to wait until."""
+
+    def __init__(self) -> None:
+        self.deadlines: list[float] = []
+
+    @contextmanager
+    def turn(self, key: object, deadline: float | None = None) -> Iterator[bool]:
+        self.deadlines.append(deadline or 0.0)
+        yield False
+
+
+def test_an_empty_request_never_extends_the_wait_of_the_users_it_is_batched_with() -> None:
+    """The batch waits for its turn until its users' last deadline, never a warm-up call's
+    later one (waiting past a user's deadline can outlast the gateway's timeout)."""
+    item = WorkItem(charge_id=1, model="m", variant="v", sentences=["A."], epsilon=1.0, p=1)
+    user = WorkRequest(request_id="u", tenant="t", deadline=100.0, items=[item])
+    warm_up = WorkRequest(request_id="w", tenant="warm-up", deadline=200.0, items=[])
+    gate = Closed()
+    replies = Worker.inner._run(SimpleNamespace(gate=gate), [warm_up, user], BATCH_KEY)
+    assert gate.deadlines == [100.0]
+    assert replies[1].results[0].sampled is False  # not started: refunded, nothing drawn

@@ -144,3 +144,21 @@ def test_the_warm_up_stops_at_the_first_failure() -> None:
     proxy = Proxy(aiohttp.ClientConnectorError(None, OSError("refused")))  # type: ignore[arg-type]
     assert asyncio.run(warm_dispatcher(proxy)) == 0
     assert proxy.calls == ["batched"]
+
+
+class Stalled:
+    """A worker that answers two calls, then stalls (a batch in the way)."""
+
+    def __init__(self) -> None:
+        self.to_async = self
+        self.calls = 0
+
+    async def privatize(self, requests: list[WorkRequest]) -> list[WorkReply]:
+        self.calls += 1
+        if self.calls > 2:
+            await asyncio.sleep(60)
+        return [WorkReply(results=[])]
+
+
+def test_the_warm_up_gives_up_at_its_deadline_with_the_calls_answered() -> None:
+    assert asyncio.run(warm_dispatcher(Stalled(), seconds=0.2)) == 2
