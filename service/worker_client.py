@@ -5,7 +5,8 @@ that never drops a response the worker has already produced.
 :class:`~service.charging.WorkerNotRunError` (connection refused, or BentoML's own 503 for a
 request cancelled before dispatch: no randomness was drawn) and
 :class:`~service.charging.WorkerOutcomeUnknownError` (a 500, a timeout, a connection dropped after
-the request was sent: the worker may have sampled).
+the request was sent: the worker may have sampled). :func:`warm_dispatcher` trains the
+worker's batching dispatcher on empty calls before the gateway reports ready.
 
 BentoML 1.4.39's internal client (``_bentoml_impl.client.proxy2.SessionManager``) replaces
 its aiohttp session every 100 requests or 300 s and *closes the old one with requests still
