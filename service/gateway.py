@@ -73,9 +73,6 @@ def _registry() -> TenantRegistry:
 
 READY_PROBE_SECONDS = 2.0
 READY_CACHE_SECONDS = 1.0
-WARM_UP_SECONDS = 2.0
-"""At most this long for the dispatcher warm-up (0.04 s measured; longer only behind a busy
-worker's batch, where the remaining calls are left to the dispatcher's own training)."""
 
 
 @bentoml.service(
@@ -171,9 +168,9 @@ class Gateway:
 
     async def __is_ready__(self) -> bool:
         """Ready once the worker answers its own /readyz and, after each worker start seen,
-        its batching dispatcher is warmed (at most WARM_UP_SECONDS more, once); a worker that
-        is still starting (or gone) makes /readyz answer 503 within READY_PROBE_SECONDS,
-        never hang."""
+        its batching dispatcher is warmed (at most ``WARM_UP_SECONDS`` of
+        :mod:`service.worker_client` more); a worker that is still starting (or gone) makes
+        /readyz answer 503 within READY_PROBE_SECONDS, never hang."""
         probe = getattr(self.worker, "is_ready", None)
         if probe is None:  # the worker runs in this process
             return True
@@ -203,7 +200,7 @@ class Gateway:
                 return
             if self.settings.adaptive_batching:
                 started = time.perf_counter()
-                answered = await warm_dispatcher(self.worker, seconds=WARM_UP_SECONDS)
+                answered = await warm_dispatcher(self.worker)
                 level = logging.INFO if answered == DISPATCHER_TRAINING_CALLS else logging.WARNING
                 seconds = round(time.perf_counter() - started, 3)
                 logs.log_event("worker_dispatcher_warmed", level, calls=answered, seconds=seconds)

@@ -213,7 +213,7 @@ class Worker:
         the wait of a batch they share with users' requests."""
         if not any(r.items for r in requests):  # the gateway's warm-up calls: nothing to do
             return [WorkReply(results=[]) for _ in requests]
-        deadline = max((r.deadline for r in requests if r.items), default=0.0)
+        deadline = max(r.deadline for r in requests if r.items)
         with self.gate.turn(key, deadline) as started:
             if started:
                 return self.compute.run(self._compute, requests)

@@ -86,8 +86,13 @@ requests (torch and int8 encoders on a slow 2-core machine; README, "The batchin
 dispatcher's training")."""
 
 
+WARM_UP_SECONDS = 2.0
+"""At most this long for the dispatcher warm-up (0.04 s measured; longer only behind a busy
+worker's batch, where the remaining calls are left to the dispatcher's own training)."""
+
+
 async def warm_dispatcher(
-    proxy: Any, calls: int = DISPATCHER_TRAINING_CALLS, seconds: float = 2.0
+    proxy: Any, calls: int = DISPATCHER_TRAINING_CALLS, seconds: float = WARM_UP_SECONDS
 ) -> int:
     """Train the worker's batching dispatcher on ``calls`` empty requests, one after another
     (calls sent at once would be dispatched as one training batch), so that its training
