@@ -116,7 +116,7 @@ class ExactLoss:
         embedded = self.encoder.encode(sentences)
         if endpoint == "classify" and choice.label == "vote":
             # the vote the p table names for the request's epsilon, as the gateway sends it
-            return self.bundle.vote_for(epsilon).log_probs(embedded, run_at)
+            return self.bundle.vote_for(epsilon).log_probs(embedded, run_at, sentences)
         variant = self.bundle.variant(choice.variant)
         log_probs = variant.mechanism().log_probs(
             recode(variant.recoder, embedded), run_at, choice.p

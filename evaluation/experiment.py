@@ -191,9 +191,7 @@ def _same_vote(a: Bundle, b: Bundle) -> bool:
     grid = {c.epsilon for c in a.manifest.p_table} | {c.epsilon for c in b.manifest.p_table}
     for epsilon in grid:
         mine, theirs = a.vote_for(epsilon), b.vote_for(epsilon)
-        if not (
-            np.array_equal(mine.weights, theirs.weights) and np.array_equal(mine.bias, theirs.bias)
-        ):
+        if not mine.same_as(theirs):
             return False
     return True
 
@@ -420,7 +418,8 @@ class Experiment:
             if index not in deviations:
                 vote = bundle.votes[index]
                 deviations[index] = [
-                    vote.deviations(self.embeddings.document(i)) for i in self.test
+                    vote.deviations(self.embeddings.document(i), self.corpus.documents[i].sentences)
+                    for i in self.test
                 ]
             plans = [vote_plan(d, epsilon) for d in deviations[index]]
             predicted = [

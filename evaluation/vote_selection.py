@@ -49,7 +49,10 @@ def compare(bundle: Bundle, epsilons: Sequence[float]) -> list[tuple[str, float,
             index = bundle.manifest.choice_for(epsilon).vote_index  # as the service runs it
             if index not in by_vote:
                 vote = bundle.votes[index]
-                by_vote[index] = [vote.deviations(embeddings.document(i)) for i in documents]
+                by_vote[index] = [
+                    vote.deviations(embeddings.document(i), corpus.documents[i].sentences)
+                    for i in documents
+                ]
             deviations = by_vote[index]
             classes = bundle.votes[index].classes
             exponential = np.zeros((classes, classes))

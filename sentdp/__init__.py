@@ -8,6 +8,8 @@ Modules, in dependency order:
 * :mod:`sentdp.depth` - exact, fast approximate Tukey depth of candidates among sentences.
 * :mod:`sentdp.sampling` - constant-randomness exact sampling with a uniform floor.
 * :mod:`sentdp.mechanism` - DeepCandidate: utilities, log-probabilities, sampling.
+* :mod:`sentdp.words` - a sentence's words as public TF-IDF features for SentenceVote.
+* :mod:`sentdp.labels` - SentenceVote: a private label from per-sentence votes.
 * :mod:`sentdp.accounting` - what a document costs and what a budget admits.
 * :mod:`sentdp.bundle` - the versioned model bundle the service loads.
 

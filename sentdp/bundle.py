@@ -19,7 +19,9 @@ Layout (format versions 1 to 3)::
     variants/<name>/classifier_dc.* C_dc on recoded means (absent for label-tuned variants)
     label_vote.safetensors          SentenceVote's per-sentence classifiers: vote 0 as weights
                                     (r, d) and bias (r,), vote k > 0 as weights_k and bias_k
-                                    (absent in bundles that predate the vote)
+                                    (absent in bundles that predate the vote); votes that
+                                    read words add word_weights[_k] (r, V) and word_idf (V,)
+    label_words.json                the votes' public vocabulary (format version 4 only)
 
 Compatibility promise: manifest fields are never removed and never change meaning; new fields
 are optional. A reader refuses a bundle whose ``format_version`` it does not know. Version 2
@@ -27,6 +29,8 @@ adds variants that share an earlier variant's H (``recoder_from``): a version-1 
 ignore that field and run such a variant without its H, so these bundles say version 2.
 Version 3 adds several votes, one chosen per epsilon (``PChoice.vote_index``): an older reader
 would serve vote 0 at every epsilon, so bundles that use another vote say version 3.
+Version 4 adds votes that read their sentences' words (``vote_words`` names the tokenizer):
+an older reader would drop the word logits and serve another classifier than the one trained.
 """
 
 from __future__ import annotations
@@ -47,14 +51,17 @@ from sentdp.encoders import MLP, backend_of, encoder_files_sha256, file_sha256
 from sentdp.errors import InputError
 from sentdp.labels import SentenceVote
 from sentdp.mechanism import DeepCandidate
+from sentdp.words import TOKENIZER, WordFeatures
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """The newest format this sentdp reads and writes (a bundle says the lowest version whose
-readers run it as trained: 1 by default, 2 with shared H, 3 with more than one vote)."""
-READABLE_VERSIONS = (1, 2, 3)
+readers run it as trained: 1 by default, 2 with shared H, 3 with more than one vote, 4 with
+votes that read words)."""
+READABLE_VERSIONS = (1, 2, 3, 4)
 MANIFEST = "manifest.json"
 MECHANISM_FILE = "mechanism.safetensors"
 VOTE_FILE = "label_vote.safetensors"
+WORDS_FILE = "label_words.json"
 ENCODER_DIR = "encoder"
 VARIANTS_DIR = "variants"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -141,6 +148,9 @@ class BundleManifest(BaseModel):
     scores: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict)
+    vote_words: str | None = None
+    """The tokenizer of the votes' word features (:data:`sentdp.words.TOKENIZER`) when any
+    vote reads words; None otherwise."""
 
     @field_validator("format_version")
     @classmethod
@@ -158,6 +168,16 @@ class BundleManifest(BaseModel):
         if not value:
             raise ValueError("the p table needs at least one epsilon")
         return sorted(value, key=lambda c: c.epsilon)
+
+    @model_validator(mode="after")
+    def _words_known(self) -> BundleManifest:
+        if self.format_version < 4 and self.vote_words is not None:
+            raise ValueError("votes that read words need bundle format version 4")
+        if self.vote_words not in (None, TOKENIZER):
+            raise ValueError(
+                f"the votes' tokenizer {self.vote_words!r} is not this sentdp's ({TOKENIZER!r})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> BundleManifest:
@@ -302,6 +322,15 @@ class Bundle:
             raise InputError("a variant's class table does not match the bundle's labels")
         if any(vote.classes != r for vote in self.votes):
             raise InputError("a vote classifier does not match the bundle's labels")
+        reading = [vote.words for vote in self.votes if vote.words is not None]
+        if bool(reading) != (self.manifest.vote_words is not None):
+            raise InputError("the manifest's vote_words must say whether any vote reads words")
+        if any(
+            words.vocabulary != reading[0].vocabulary
+            or not np.array_equal(words.idf, reading[0].idf)
+            for words in reading
+        ):
+            raise InputError("the votes that read words must share one vocabulary")
         for choice in self.manifest.p_table:
             needed = choice.label == "vote" or choice.vote_index > 0
             if needed and choice.vote_index >= len(self.votes):
@@ -398,6 +427,11 @@ class Bundle:
             for index, vote in enumerate(self.votes):
                 suffix = f"_{index}" if index else ""
                 arrays[f"weights{suffix}"], arrays[f"bias{suffix}"] = vote.weights, vote.bias
+                if vote.words is not None and vote.word_weights is not None:
+                    arrays[f"word_weights{suffix}"] = vote.word_weights
+                    arrays["word_idf"] = vote.words.idf
+                    vocabulary = {"tokenizer": TOKENIZER, "vocabulary": list(vote.words.vocabulary)}
+                    (directory / WORDS_FILE).write_text(json.dumps(vocabulary))
             save_file(
                 {k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(directory / VOTE_FILE)
             )
@@ -438,8 +472,34 @@ def _votes(directory: Path) -> tuple[SentenceVote, ...]:
     count = sum(1 for key in arrays if key.startswith("weights"))
     suffixes = [f"_{index}" if index else "" for index in range(count)]
     expected = {f"{part}{suffix}" for suffix in suffixes for part in ("weights", "bias")}
+    reading = {f"word_weights{x}" for x in suffixes if f"word_weights{x}" in arrays}
+    words = _words(directory, arrays) if reading else None
+    expected |= reading | ({"word_idf"} if reading else set())
     if set(arrays) != expected:
         raise InputError(
             f"{directory / VOTE_FILE} should hold {sorted(expected)}, it holds {sorted(arrays)}"
         )
-    return tuple(SentenceVote(arrays[f"weights{x}"], arrays[f"bias{x}"]) for x in suffixes)
+    return tuple(
+        SentenceVote(
+            arrays[f"weights{x}"],
+            arrays[f"bias{x}"],
+            arrays.get(f"word_weights{x}"),
+            words if f"word_weights{x}" in arrays else None,
+        )
+        for x in suffixes
+    )
+
+
+def _words(directory: Path, arrays: dict[str, npt.NDArray[Any]]) -> WordFeatures:
+    """The votes' shared vocabulary (``label_words.json``) and idf (``word_idf``)."""
+    path = directory / WORDS_FILE
+    try:
+        stored = json.loads(path.read_text())
+        tokenizer, vocabulary = stored["tokenizer"], stored["vocabulary"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise InputError(f"cannot read the votes' vocabulary {path}: {error}") from error
+    if tokenizer != TOKENIZER:
+        raise InputError(f"{path} uses tokenizer {tokenizer!r}, this sentdp has {TOKENIZER!r}")
+    if "word_idf" not in arrays or not all(isinstance(w, str) for w in vocabulary):
+        raise InputError(f"{path} and {directory / VOTE_FILE} do not hold a vocabulary")
+    return WordFeatures(tuple(vocabulary), arrays["word_idf"])

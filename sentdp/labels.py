@@ -1,10 +1,12 @@
 """SentenceVote: a private class label straight from the sentences, over r outcomes only.
 
-Each sentence votes through a public per-sentence classifier: a softmax over the r classes,
-quantized to integers ``q_c(s) = floor(VOTE_UNITS * softmax_c(s))`` in ``[0, VOTE_UNITS]``.
-Class c's tally is ``n_c = sum_s q_c(s)``. Replacing one sentence moves every tally by at most
-``VOTE_UNITS`` (a vote depends on its own sentence only: logits are computed row by row by
-:func:`sentdp.depth.project`), so the tallies have sensitivity ``VOTE_UNITS`` and a selection
+Each sentence votes through a public per-sentence classifier (linear in the sentence's
+embedding and, for a vote that reads words, in its TF-IDF vector, :mod:`sentdp.words`): a
+softmax over the r classes, quantized to integers ``q_c(s) = floor(VOTE_UNITS *
+softmax_c(s))`` in ``[0, VOTE_UNITS]``. Class c's tally is ``n_c = sum_s q_c(s)``. Replacing
+one sentence moves every tally by at most ``VOTE_UNITS`` (a vote depends on its own sentence
+only: embedding logits are computed row by row by :func:`sentdp.depth.project`, word logits
+sentence by sentence), so the tallies have sensitivity ``VOTE_UNITS`` and a selection
 keyed on ``exp(eps' * (n_c - n_max) / (2 * VOTE_UNITS))`` is eps'-SentDP.
 
 Up to :data:`FLIP_MAX_CLASSES` classes the selection is permute-and-flip
@@ -43,6 +45,7 @@ from sentdp.sampling import (
     plan_levels,
     plan_selection,
 )
+from sentdp.words import WordFeatures
 
 VOTE_UNITS = 64
 """A sentence's vote for one class is an integer in [0, VOTE_UNITS] (its probability, floored)."""
@@ -54,12 +57,18 @@ IntArray = npt.NDArray[np.int64]
 @dataclass(frozen=True)
 class SentenceVote:
     """The label mechanism: a public linear per-sentence classifier ``softmax(x W^T + b)``
-    over sentence embeddings x (the encoder's G, before any recoding)."""
+    over sentence embeddings x (the encoder's G, before any recoding), optionally plus a
+    linear classifier on the sentence's words (``t(s) U^T``, t the sentence's TF-IDF vector
+    over a public vocabulary, :mod:`sentdp.words`)."""
 
     weights: FloatArray
     """(r, d) float64."""
     bias: FloatArray
     """(r,) float64."""
+    word_weights: FloatArray | None = None
+    """(r, V) float64, U above; with ``words``, or neither."""
+    words: WordFeatures | None = None
+    """The public vocabulary ``word_weights`` is over."""
 
     def __post_init__(self) -> None:
         w, b = np.asarray(self.weights), np.asarray(self.bias)
@@ -67,13 +76,47 @@ class SentenceVote:
             raise InputError(f"a vote needs (r, d) weights and (r,) bias, r >= 2; got {w.shape}")
         if not (np.isfinite(w).all() and np.isfinite(b).all()):
             raise InputError("the vote classifier's weights must be finite")
+        if (self.word_weights is None) != (self.words is None):
+            raise InputError("a vote's word weights and its vocabulary come together")
+        if self.word_weights is not None and self.words is not None:
+            u = np.asarray(self.word_weights)
+            if u.shape != (w.shape[0], self.words.size):
+                raise InputError(
+                    f"word weights must be ({w.shape[0]}, {self.words.size}), got {u.shape}"
+                )
+            if not np.isfinite(u).all():
+                raise InputError("the vote's word weights must be finite")
 
     @property
     def classes(self) -> int:
         return int(self.weights.shape[0])
 
-    def votes(self, sentences: npt.ArrayLike) -> IntArray:
-        """(k, r) integer votes in [0, VOTE_UNITS], each row a function of its sentence alone."""
+    @property
+    def reads_words(self) -> bool:
+        """Whether the votes read the sentences' texts as well as their embeddings."""
+        return self.words is not None
+
+    def same_as(self, other: SentenceVote) -> bool:
+        """Whether both votes cast the same votes for every sentence (equal parameters)."""
+        if not (
+            np.array_equal(self.weights, other.weights) and np.array_equal(self.bias, other.bias)
+        ):
+            return False
+        if self.words is None or other.words is None:
+            return self.words is None and other.words is None
+        return (
+            self.words.vocabulary == other.words.vocabulary
+            and np.array_equal(self.words.idf, other.words.idf)
+            and np.array_equal(np.asarray(self.word_weights), np.asarray(other.word_weights))
+        )
+
+    def scaled(self, temperature: float) -> SentenceVote:
+        """The same classifier with every logit divided by ``temperature``."""
+        words = None if self.word_weights is None else self.word_weights / temperature
+        return SentenceVote(self.weights / temperature, self.bias / temperature, words, self.words)
+
+    def logits(self, sentences: npt.ArrayLike, texts: Sequence[str] | None = None) -> FloatArray:
+        """(k, r) per-sentence logits, each row a function of its sentence alone."""
         x = np.asarray(sentences, dtype=np.float64)
         if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] != self.weights.shape[1]:
             raise InputError(
@@ -82,32 +125,53 @@ class SentenceVote:
             )
         if not np.isfinite(x).all():
             raise InputError("sentence embeddings must be finite (no NaN or infinity)")
-        logits = project(x, self.weights) + self.bias
+        logits: FloatArray = project(x, self.weights) + self.bias
+        if self.words is not None and self.word_weights is not None:
+            if texts is None:
+                raise InputError("this vote reads its sentences' words: pass their texts")
+            if len(texts) != x.shape[0]:
+                raise InputError(f"got {x.shape[0]} sentence embeddings but {len(texts)} texts")
+            logits += self.words.logits(texts, self.word_weights)
+        return logits
+
+    def votes(self, sentences: npt.ArrayLike, texts: Sequence[str] | None = None) -> IntArray:
+        """(k, r) integer votes in [0, VOTE_UNITS], each row a function of its sentence alone
+        (its embedding and, for a vote that reads words, its text)."""
+        logits = self.logits(sentences, texts)
         logits -= logits.max(axis=1, keepdims=True)
         probs = np.exp(logits)
         probs /= probs.sum(axis=1, keepdims=True)
         votes: IntArray = np.clip(np.floor(probs * VOTE_UNITS), 0, VOTE_UNITS).astype(np.int64)
         return votes
 
-    def deviations(self, sentences: npt.ArrayLike) -> IntArray:
+    def deviations(self, sentences: npt.ArrayLike, texts: Sequence[str] | None = None) -> IntArray:
         """(r,) ``max_c n_c - n_c``: how far each class's tally is behind the leader's."""
-        tallies = self.votes(sentences).sum(axis=0)
+        tallies = self.votes(sentences, texts).sum(axis=0)
         deviations: IntArray = tallies.max() - tallies
         return deviations
 
-    def log_probs(self, sentences: npt.ArrayLike, epsilon: float) -> FloatArray:
+    def log_probs(
+        self, sentences: npt.ArrayLike, epsilon: float, texts: Sequence[str] | None = None
+    ) -> FloatArray:
         """(r,) natural-log probabilities with which :meth:`sample` picks each class."""
-        return vote_log_probs(self.deviations(sentences), epsilon)
+        return vote_log_probs(self.deviations(sentences, texts), epsilon)
 
     def plan_batch(
-        self, documents: Sequence[npt.ArrayLike], epsilons: Sequence[float]
+        self,
+        documents: Sequence[npt.ArrayLike],
+        epsilons: Sequence[float],
+        texts: Sequence[Sequence[str]] | None = None,
     ) -> list[SelectionPlan]:
-        """Every document's selection plan; validates everything and draws no randomness."""
+        """Every document's selection plan; validates everything and draws no randomness.
+        ``texts``: each document's sentences, needed by a vote that reads words."""
         if len(epsilons) != len(documents):
             raise InputError(f"got {len(documents)} documents but {len(epsilons)} epsilons")
+        if texts is not None and len(texts) != len(documents):
+            raise InputError(f"got {len(documents)} documents but {len(texts)} texts")
+        per_document = texts if texts is not None else [None] * len(documents)
         return [
-            vote_plan(self.deviations(doc), eps)
-            for doc, eps in zip(documents, epsilons, strict=True)
+            vote_plan(self.deviations(doc, text), eps)
+            for doc, eps, text in zip(documents, epsilons, per_document, strict=True)
         ]
 
     def sample_batch(
@@ -115,9 +179,10 @@ class SentenceVote:
         documents: Sequence[npt.ArrayLike],
         epsilons: Sequence[float],
         rng: RandomBytes | None = None,
+        texts: Sequence[Sequence[str]] | None = None,
     ) -> IntArray:
         """One private class index per document (epsilon-SentDP each)."""
-        return DeepCandidate.draw_plans(self.plan_batch(documents, epsilons), rng)
+        return DeepCandidate.draw_plans(self.plan_batch(documents, epsilons, texts), rng)
 
 
 FLIP_MAX_CLASSES = 32

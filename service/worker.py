@@ -338,7 +338,11 @@ def plan_encoded(
         if not name:
             if vote >= len(bundle.votes):
                 raise RuntimeError(f"this bundle has no SentenceVote {vote}")
-            planned = bundle.votes[vote].plan_batch([documents[n] for n in members], epsilons)
+            planned = bundle.votes[vote].plan_batch(
+                [documents[n] for n in members],
+                epsilons,
+                [items[n].sentences for n in members],
+            )
         else:
             planned = mechanisms[name].plan_batch(
                 [recode(bundle.variant(name).recoder, documents[n]) for n in members],

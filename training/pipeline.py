@@ -30,7 +30,9 @@ from sentdp.encoders import (
     recode,
 )
 from sentdp.errors import InputError
+from sentdp.labels import SentenceVote
 from sentdp.text import SentenceSplitter, TextLimits
+from sentdp.words import TOKENIZER
 from training.candidates import choose_candidates
 from training.classifiers import train_classifier
 from training.corpora import CorpusSpec, load_corpus
@@ -258,13 +260,21 @@ def build_bundle(
     variants = [v for v, _ in made]
     p_table, grid = choose_ps(made, data, config)
     vote = train_vote(
-        data.embeddings, data.y, data.train, data.validation, config.epsilons, config.seed
+        data.embeddings,
+        data.y,
+        data.train,
+        data.validation,
+        config.epsilons,
+        config.seed,
+        [document.sentences for document in corpus.documents],
     )
     p_table = with_label_choice(p_table, vote)
     for index, fit in enumerate(vote.fits):
         runs_at = [e for e, i in vote.index_by_epsilon.items() if i == index]
         console.print(
-            f"SentenceVote {index}: fitted on {fit.fitted_on}, C={fit.regularisation:g}, "
+            f"SentenceVote {index}: fitted on {fit.fitted_on}, C={fit.regularisation:g}"
+            + ("" if fit.word_regularisation is None else f" (words {fit.word_regularisation:g})")
+            + ", "
             f"temperature {fit.temperature:g}, runs at ε={'/'.join(runs_at) or '-'}; "
             "expected validation macro-F1 "
             + ", ".join(f"ε={e} {f:.3f}" for e, f in fit.validation_macro_f1.items())
@@ -285,7 +295,7 @@ def build_bundle(
         "validation_grid": grid,
     }
     manifest = bundle_manifest(
-        config, corpus, splits, encoder, splitter, data, variants, p_table, scores
+        config, corpus, splits, encoder, splitter, data, variants, p_table, scores, vote.votes
     )
     bundle = Bundle(
         manifest=manifest,
@@ -297,8 +307,12 @@ def build_bundle(
     return bundle, scores
 
 
-def bundle_format_version(variants: Sequence[Variant], p_table: Sequence[PChoice]) -> int:
+def bundle_format_version(
+    variants: Sequence[Variant], p_table: Sequence[PChoice], votes: Sequence[SentenceVote] = ()
+) -> int:
     """The lowest format version whose readers run this bundle as it was trained."""
+    if any(vote.reads_words for vote in votes):
+        return 4
     if any(choice.vote_index for choice in p_table):
         return 3
     return 2 if any(v.record.recoder_from for v in variants) else 1
@@ -382,10 +396,12 @@ def bundle_manifest(
     variants: list[Variant],
     p_table: list[PChoice],
     scores: dict[str, Any],
+    votes: Sequence[SentenceVote] = (),
 ) -> BundleManifest:
     """Everything needed to load, audit and reproduce the bundle."""
     return BundleManifest(
-        format_version=bundle_format_version(variants, p_table),
+        format_version=bundle_format_version(variants, p_table, votes),
+        vote_words=TOKENIZER if any(vote.reads_words for vote in votes) else None,
         name=model_name(config, corpus),
         recipe=config.recipe,
         created=datetime.now(UTC).isoformat(timespec="seconds"),

@@ -25,6 +25,7 @@ from sentdp.labels import (
 from sentdp.mechanism import privacy_slack
 from sentdp.permute_flip import flip_slack
 from sentdp.sampling import GAMMA, SAMPLER_ABS_ERROR, draw_many, draw_words
+from sentdp.words import WordFeatures
 from tests.sentdp.test_permute_flip import enumerated
 from tests.sentdp.test_sampling import exact_sampler_probabilities
 
@@ -291,3 +292,142 @@ def test_above_the_flip_limit_the_vote_is_the_exponential_mechanism() -> None:
         changed = document.copy()
         changed[0] = replacement
         assert np.max(np.abs(mechanism.log_probs(changed, 2.0) - base)) <= 2.0 + 1e-9
+
+
+VOCABULARY = tuple(f"w{n:02d}" for n in range(30))
+
+
+def word_vote(seed: int = 0, classes: int = R) -> SentenceVote:
+    """A vote that reads words as well as embeddings, its word logits as large as its
+    embedding logits."""
+    rng = np.random.default_rng(seed)
+    words = WordFeatures(VOCABULARY, 1.0 + rng.random(len(VOCABULARY)))
+    return SentenceVote(
+        rng.normal(size=(classes, D)) * 3,
+        rng.normal(size=classes),
+        rng.normal(size=(classes, len(VOCABULARY))) * 20,
+        words,
+    )
+
+
+def word_pushes(mechanism: SentenceVote, cls: int, repeat: int = 1) -> str:
+    """An adversarial text: the three words that favour ``cls`` most, ``repeat`` times."""
+    assert mechanism.word_weights is not None
+    u = mechanism.word_weights
+    lead = u[cls] - u.mean(axis=0)
+    best = [VOCABULARY[n] for n in np.argsort(-lead)[:3]]
+    return " ".join(best * repeat)
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 1.0, 3.0, 10.0])
+@pytest.mark.parametrize("k", [1, 2, 7])
+def test_a_vote_that_reads_words_moves_no_log_probability_by_more_than_epsilon(
+    epsilon: float, k: int
+) -> None:
+    mechanism = word_vote(k)
+    rng = np.random.default_rng(k)
+    noise = rng.normal(size=(k, D)) * 0.1
+    docs = [
+        (np.stack([pushes(mechanism, c)] * k) + noise, [word_pushes(mechanism, c)] * k)
+        for c in range(R)
+    ]
+    tied = np.stack([pushes(mechanism, j % 2) for j in range(k)]) + noise
+    docs.append((tied, [word_pushes(mechanism, j % 2) for j in range(k)]))
+    replacements = [(pushes(mechanism, c), word_pushes(mechanism, c)) for c in range(R)]
+    replacements += [
+        (pushes(mechanism, c), word_pushes(mechanism, (c + 1) % R, 5000)) for c in range(R)
+    ]
+    replacements += [
+        (np.zeros(D), ""),
+        (np.zeros(D), "zzz unknown"),
+        (rng.normal(size=D) * 1e3, "w00 " * 9999),
+    ]
+    worst = 0.0
+    for document, texts in docs:
+        base = mechanism.log_probs(document, epsilon, texts)
+        for j in {0, k - 1}:
+            for embedding, text in replacements:
+                changed, changed_texts = document.copy(), list(texts)
+                changed[j], changed_texts[j] = embedding, text
+                shift = np.max(np.abs(mechanism.log_probs(changed, epsilon, changed_texts) - base))
+                assert shift <= epsilon + 1e-9
+                worst = max(worst, float(shift))
+    floor = np.log(R / GAMMA)
+    assert worst > 0.45 * min(epsilon, floor)
+    if k % 2 == 0:
+        assert worst > 0.9 * min(epsilon - np.log(2), floor)
+
+
+def test_word_votes_depend_on_their_own_sentence_and_need_its_text() -> None:
+    mechanism = word_vote(1)
+    rng = np.random.default_rng(2)
+    sentences = rng.normal(size=(130, D)) * 5
+    texts = [" ".join(rng.choice(VOCABULARY, size=int(rng.integers(0, 12)))) for _ in range(130)]
+    votes = mechanism.votes(sentences, texts)
+    assert votes.min() >= 0
+    assert votes.max() <= VOTE_UNITS
+    for n in (1, 3, 64, 65):
+        assert np.array_equal(mechanism.votes(sentences[:n], texts[:n]), votes[:n])
+    assert np.array_equal(mechanism.votes(sentences[::-1], texts[::-1])[::-1], votes)
+    # the words count: the same embeddings with other texts vote otherwise
+    assert not np.array_equal(mechanism.votes(sentences, texts[1:] + texts[:1]), votes)
+    with pytest.raises(InputError, match="pass their texts"):
+        mechanism.votes(sentences)
+    with pytest.raises(InputError, match="130 sentence embeddings but 129 texts"):
+        mechanism.votes(sentences, texts[:-1])
+    with pytest.raises(InputError, match="texts"):
+        mechanism.plan_batch([sentences], [1.0], [texts, texts])
+
+
+def test_word_vote_draws_follow_its_exact_distribution() -> None:
+    mechanism = word_vote(3)
+    rng = np.random.default_rng(4)
+    document = rng.normal(size=(6, D))
+    texts = [word_pushes(mechanism, 2), "w01 w02", "", word_pushes(mechanism, 4), "zzz", "w03"]
+    (plan,) = mechanism.plan_batch([document], [3.0], [texts])
+    observed = np.bincount(
+        draw_many(plan, draw_words(np.random.default_rng(7), 200_000)), minlength=R
+    )
+    expected = np.exp(mechanism.log_probs(document, 3.0, texts))
+    assert chisquare(observed, expected * 200_000 / expected.sum()).pvalue > 1e-3
+    without = np.exp(word_vote(3).log_probs(document, 3.0, ["zzz"] * 6))  # words ignored
+    assert chisquare(observed, without * 200_000 / without.sum()).pvalue < 1e-6
+    exact = exact_sampler_probabilities(plan)
+    assert min(exact) >= Fraction(GAMMA) * Fraction(1, R) * (1 - Fraction(1, 2**100))
+
+
+def test_a_bundle_with_a_word_vote_round_trips_and_says_version_4(tmp_path: Path) -> None:
+    import json
+
+    from sentdp.bundle import BundleManifest
+    from tests.service.fakes import WORDS, tiny_bundle
+
+    (tmp_path / "encoder").mkdir()
+    bundle = tiny_bundle(encoder_dir=tmp_path / "encoder", vote=True, second_vote=True, words=True)
+    bundle.save(tmp_path / "saved")
+    loaded = Bundle.load(tmp_path / "saved")
+    assert not loaded.votes[0].reads_words
+    assert loaded.votes[1].reads_words
+    for got, want in zip(loaded.votes, bundle.votes, strict=True):
+        assert got.same_as(want)
+    assert not loaded.votes[1].same_as(SentenceVote(bundle.votes[1].weights, bundle.votes[1].bias))
+    rng = np.random.default_rng(5)
+    document = rng.normal(size=(4, bundle.votes[1].weights.shape[1]))
+    texts = [f"{WORDS[0]} {WORDS[3]}", WORDS[5], "", f"{WORDS[1]} {WORDS[1]}"]
+    assert np.array_equal(
+        loaded.votes[1].votes(document, texts), bundle.votes[1].votes(document, texts)
+    )
+    manifest = json.loads((tmp_path / "saved" / "manifest.json").read_text())
+    assert manifest["format_version"] == 4
+    assert manifest["vote_words"] == "lower-word2-v1"
+    with pytest.raises(ValueError, match="read words need bundle format version 4"):
+        BundleManifest.model_validate({**manifest, "format_version": 3})
+    with pytest.raises(ValueError, match="tokenizer"):
+        BundleManifest.model_validate({**manifest, "vote_words": "another-v9"})
+    # a manifest that hides its word vote, or claims one it lacks, is refused
+    hidden = BundleManifest.model_validate({**manifest, "vote_words": None})
+    with pytest.raises(InputError, match="vote_words"):
+        Bundle(hidden, loaded.variants, None, loaded.encoder_dir, loaded.votes)
+    (tmp_path / "saved" / "label_words.json").unlink()
+    with pytest.raises(InputError, match="vocabulary"):
+        Bundle.load(tmp_path / "saved")

@@ -18,12 +18,15 @@ import numpy as np
 from sentdp.bundle import Bundle, BundleManifest, CorpusRecord, PChoice, Variant, VariantRecord
 from sentdp.labels import SentenceVote
 from sentdp.mechanism import DeepCandidate
+from sentdp.words import TOKENIZER, WordFeatures
 from service.charging import WorkerNotRunError, WorkerOutcomeUnknownError
 from service.errors import Code
 from service.schemas import WorkRequest, WorkResult
 
 DIM = 8
 LABELS = ["business", "sport", "tech"]
+WORDS = ("bank", "goal", "match", "phone", "profit", "shares", "software", "team")
+"""The vocabulary of a tiny bundle's word-reading vote."""
 
 
 def tiny_bundle(
@@ -34,9 +37,11 @@ def tiny_bundle(
     vote: bool = False,
     labels: list[str] | None = None,
     second_vote: bool = False,
+    words: bool = False,
 ) -> Bundle:
     """Two variants; with ``vote``, a SentenceVote that /classify uses at epsilon 1 (below 5);
-    with ``second_vote`` too, two votes, the p table running vote 1 at epsilon 1."""
+    with ``second_vote`` too, two votes, the p table running vote 1 at epsilon 1; with
+    ``words``, the last vote also reads its sentences' words (:data:`WORDS`)."""
     rng = np.random.default_rng(seed)
     labels = labels or LABELS
     records = [
@@ -63,7 +68,8 @@ def tiny_bundle(
         for record in records
     )
     manifest = BundleManifest(
-        format_version=3 if second_vote else 1,
+        format_version=4 if words else 3 if second_vote else 1,
+        vote_words=TOKENIZER if words else None,
         name="sentdp-unit",
         recipe="mixed",
         created="2026-01-01T00:00:00+00:00",
@@ -91,11 +97,15 @@ def tiny_bundle(
             PChoice(epsilon=5.0, variant="paper", p=6),
         ],
     )
-    votes = tuple(
+    votes = [
         SentenceVote(rng.normal(size=(len(labels), DIM)), rng.normal(size=len(labels)))
         for _ in range(2 if second_vote else 1)
-    )
-    return Bundle(manifest, variants, None, encoder_dir, votes if vote else ())
+    ]
+    if words:
+        vocabulary = WordFeatures(WORDS, 1.0 + rng.random(len(WORDS)))
+        word_weights = rng.normal(size=(len(labels), len(WORDS))) * 3
+        votes[-1] = SentenceVote(votes[-1].weights, votes[-1].bias, word_weights, vocabulary)
+    return Bundle(manifest, variants, None, encoder_dir, tuple(votes) if vote else ())
 
 
 def embed(sentence: str) -> np.ndarray:
@@ -133,7 +143,9 @@ class FakeWorker:
                 continue
             sentences = np.stack([embed(s) for s in item.sentences])
             if item.release == "vote":
-                plan = self.bundle.votes[item.vote].plan_batch([sentences], [item.epsilon])
+                plan = self.bundle.votes[item.vote].plan_batch(
+                    [sentences], [item.epsilon], [item.sentences]
+                )
                 self.journal.append(item.charge_id)
                 results.append(
                     WorkResult(label=int(DeepCandidate.draw_plans(plan)[0]), sampled=True)

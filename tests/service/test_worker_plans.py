@@ -56,3 +56,19 @@ def test_a_vote_the_bundle_lacks_is_refused_before_anything_is_drawn() -> None:
     mechanisms = {v.record.name: v.mechanism() for v in bundle.variants}
     with pytest.raises(RuntimeError, match="no SentenceVote 1"):
         plan_encoded(bundle, mechanisms, [item("vote", 1)], [np.ones((2, DIM))])
+
+
+def test_a_vote_that_reads_words_is_planned_with_the_item_s_sentences() -> None:
+    from tests.service.fakes import WORDS
+
+    bundle = tiny_bundle(vote=True, second_vote=True, words=True)
+    assert bundle.votes[1].reads_words
+    mechanisms = {v.record.name: v.mechanism() for v in bundle.variants}
+    documents = [np.random.default_rng(1).normal(size=(2, DIM))]
+    texts = [f"{WORDS[0]} {WORDS[4]} {WORDS[5]}.", f"{WORDS[1]} {WORDS[2]}!"]
+    voting = item("vote", 1).model_copy(update={"sentences": texts})
+    (plan,) = plan_encoded(bundle, mechanisms, [voting], documents)
+    (expected,) = bundle.votes[1].plan_batch(documents, [1.0], [texts])
+    assert same(plan, expected)
+    (other,) = bundle.votes[1].plan_batch(documents, [1.0], [["no such words", "none"]])
+    assert not same(plan, other)  # the words moved the plan: the test sees they were read

@@ -125,3 +125,36 @@ def test_a_class_without_training_documents_is_refused() -> None:
     train = [i for i in range(40) if y[i] != 2]
     with pytest.raises(InputError, match=r"class \[2\]"):
         train_vote(embeddings, y, train, list(range(40, 60)), (1.0,), seed=0)
+
+
+def test_votes_that_read_words_are_fitted_and_win_where_only_words_tell_classes_apart() -> None:
+    from sentdp.errors import InternalError
+
+    rng = np.random.default_rng(3)
+    y = (np.arange(90) % 3).astype(np.int64)
+    rows, offsets, texts = [], [0], []
+    for label in y:
+        k = int(rng.integers(3, 7))
+        rows.append(rng.normal(size=(k, 16)))  # the embeddings carry nothing
+        texts.append([f"about item{label} and word{rng.integers(40)}" for _ in range(k)])
+        texts[-1][0] = "an off-topic sentence"
+        offsets.append(offsets[-1] + k)
+    embeddings = CorpusEmbeddings(
+        np.concatenate(rows).astype(np.float32), np.array(offsets), 0.0, True
+    )
+    train, validation = list(range(60)), list(range(60, 90))
+    result = train_vote(embeddings, y, train, validation, (1.0, 50.0), seed=0, texts=texts)
+    assert result.vote.reads_words
+    assert result.fits[0].fitted_on in ("words", "sentences+words", "documents+words")
+    assert result.fits[0].word_regularisation in label_vote_module.WORD_REGULARISATION
+    assert result.validation_macro_f1["50"] > 0.9
+    documents = [embeddings.document(i) for i in validation]
+    score = vote_macro_f1(
+        result.vote_at(50.0), documents, list(y[validation]), 50.0, [texts[i] for i in validation]
+    )
+    assert score == result.validation_macro_f1["50"]  # scored as served: with the texts
+    plain = train_vote(embeddings, y, train, validation, (1.0, 50.0), seed=0)
+    assert not any(fit.vote.reads_words for fit in plain.fits)
+    assert plain.validation_macro_f1["50"] < 0.7
+    with pytest.raises(InternalError, match="line up"):
+        train_vote(embeddings, y, train, validation, (1.0, 50.0), seed=0, texts=texts[:-1])
