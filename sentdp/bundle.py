@@ -7,7 +7,7 @@ validation at training time). The paper's recipe is a single variant; task-tuned
 compact, label-specific variants. Candidate ids are global across variants: variant v owns
 ids ``offset_v .. offset_v + m_v - 1``.
 
-Layout (format versions 1 to 3)::
+Layout (format versions 1 to 4)::
 
     manifest.json                   BundleManifest
     encoder/                        the sentence-transformers files of G (self-contained)
@@ -473,6 +473,8 @@ def _votes(directory: Path) -> tuple[SentenceVote, ...]:
     suffixes = [f"_{index}" if index else "" for index in range(count)]
     expected = {f"{part}{suffix}" for suffix in suffixes for part in ("weights", "bias")}
     reading = {f"word_weights{x}" for x in suffixes if f"word_weights{x}" in arrays}
+    if not reading and (directory / WORDS_FILE).exists():
+        raise InputError(f"{directory / WORDS_FILE} holds a vocabulary no vote reads")
     words = _words(directory, arrays) if reading else None
     expected |= reading | ({"word_idf"} if reading else set())
     if set(arrays) != expected:
@@ -500,6 +502,9 @@ def _words(directory: Path, arrays: dict[str, npt.NDArray[Any]]) -> WordFeatures
         raise InputError(f"cannot read the votes' vocabulary {path}: {error}") from error
     if tokenizer != TOKENIZER:
         raise InputError(f"{path} uses tokenizer {tokenizer!r}, this sentdp has {TOKENIZER!r}")
-    if "word_idf" not in arrays or not all(isinstance(w, str) for w in vocabulary):
+    if "word_idf" not in arrays or not isinstance(vocabulary, list):
         raise InputError(f"{path} and {directory / VOTE_FILE} do not hold a vocabulary")
-    return WordFeatures(tuple(vocabulary), arrays["word_idf"])
+    try:
+        return WordFeatures(tuple(vocabulary), arrays["word_idf"])
+    except InputError as error:
+        raise InputError(f"the votes' vocabulary in {path} is damaged: {error}") from error

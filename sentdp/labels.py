@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sentdp.depth import project
-from sentdp.errors import InputError
+from sentdp.errors import InputError, InternalError
 from sentdp.mechanism import DeepCandidate, epsilon_less_slack, privacy_slack
 from sentdp.permute_flip import flip_probabilities, flip_slack
 from sentdp.sampling import (
@@ -138,6 +138,8 @@ class SentenceVote:
         """(k, r) integer votes in [0, VOTE_UNITS], each row a function of its sentence alone
         (its embedding and, for a vote that reads words, its text)."""
         logits = self.logits(sentences, texts)
+        if not np.isfinite(logits).all():  # only out-of-range weights get here: fail closed
+            raise InternalError("a vote's logits are not finite; the vote's weights are damaged")
         logits -= logits.max(axis=1, keepdims=True)
         probs = np.exp(logits)
         probs /= probs.sum(axis=1, keepdims=True)
@@ -160,6 +162,7 @@ class SentenceVote:
         self,
         documents: Sequence[npt.ArrayLike],
         epsilons: Sequence[float],
+        *,
         texts: Sequence[Sequence[str]] | None = None,
     ) -> list[SelectionPlan]:
         """Every document's selection plan; validates everything and draws no randomness.
@@ -179,10 +182,11 @@ class SentenceVote:
         documents: Sequence[npt.ArrayLike],
         epsilons: Sequence[float],
         rng: RandomBytes | None = None,
+        *,
         texts: Sequence[Sequence[str]] | None = None,
     ) -> IntArray:
         """One private class index per document (epsilon-SentDP each)."""
-        return DeepCandidate.draw_plans(self.plan_batch(documents, epsilons, texts), rng)
+        return DeepCandidate.draw_plans(self.plan_batch(documents, epsilons, texts=texts), rng)
 
 
 FLIP_MAX_CLASSES = 32

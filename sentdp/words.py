@@ -30,6 +30,10 @@ TOKENIZER = "lower-word2-v1"
 """Names the tokenizer below; a bundle records it, and a reader refuses another."""
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
 
+MAX_IDF = 100.0
+"""Above any idf a corpus gives (ln of the number of sentences, plus 1); a larger one marks a
+damaged bundle."""
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -45,7 +49,7 @@ class WordFeatures:
 
     vocabulary: tuple[str, ...]
     idf: FloatArray
-    """(V,) float64, positive."""
+    """(V,) float64 in [1, MAX_IDF] (``ln((1 + n) / (1 + df)) + 1`` is at least 1)."""
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -55,11 +59,14 @@ class WordFeatures:
                 f"word features need a vocabulary and one idf per word; got "
                 f"{len(self.vocabulary)} words and idf of shape {idf.shape}"
             )
-        if not (np.isfinite(idf).all() and (idf > 0).all()):
-            raise InputError("word idf values must be finite and positive")
+        if not (np.isfinite(idf).all() and (idf >= 1).all() and (idf <= MAX_IDF).all()):
+            raise InputError(f"word idf values must lie in [1, {MAX_IDF:g}]")
         index = {word: n for n, word in enumerate(self.vocabulary)}
         if len(index) != len(self.vocabulary):
             raise InputError("the word vocabulary holds a word twice")
+        odd = [w for w in self.vocabulary if not isinstance(w, str) or tokens(w) != [w]]
+        if odd:
+            raise InputError(f"{len(odd)} vocabulary entries are not tokens, e.g. {odd[0]!r}")
         object.__setattr__(self, "_index", index)
 
     @property
@@ -68,11 +75,11 @@ class WordFeatures:
 
     def vector(self, sentence: str) -> tuple[IntArray, FloatArray]:
         """The sentence's TF-IDF vector, sparse: word indices (ascending) and values."""
-        counts = Counter(self._index[t] for t in tokens(sentence) if t in self._index)
-        indices = np.array(sorted(counts), dtype=np.int64)
-        values = np.array([(1.0 + math.log(counts[n])) for n in indices], dtype=np.float64)
+        index = self._index
+        found = [index[t] for t in tokens(sentence) if t in index]
+        indices, counts = np.unique(np.array(found, dtype=np.int64), return_counts=True)
+        values = (1.0 + np.log(counts)) * self.idf[indices]
         if len(indices):
-            values *= self.idf[indices]
             values /= math.sqrt(math.fsum(values * values))
         return indices, values
 
@@ -97,9 +104,16 @@ class WordFeatures:
 
     def logits(self, sentences: Sequence[str], weights: FloatArray) -> FloatArray:
         """(k, r) ``vector(s) @ weights.T`` per sentence, each row computed from its sentence
-        alone in a fixed order, so a row never depends on the other sentences."""
+        alone in a fixed order, so a row never depends on the other sentences (a sentence
+        repeated within the call is computed once: a repeated long sentence costs its
+        tokenization once, as the encoder encodes it once)."""
         out = np.zeros((len(sentences), weights.shape[0]))
+        first: dict[str, int] = {}
         for row, sentence in enumerate(sentences):
+            if sentence in first:
+                out[row] = out[first[sentence]]
+                continue
+            first[sentence] = row
             indices, values = self.vector(sentence)
             if len(indices):
                 out[row] = np.sum(weights[:, indices] * values, axis=1)

@@ -341,7 +341,7 @@ def plan_encoded(
             planned = bundle.votes[vote].plan_batch(
                 [documents[n] for n in members],
                 epsilons,
-                [items[n].sentences for n in members],
+                texts=[items[n].sentences for n in members],
             )
         else:
             planned = mechanisms[name].plan_batch(

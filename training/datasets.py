@@ -267,8 +267,9 @@ def load_user_corpus(
     if not corpus_is_public:
         raise InputError(
             "every candidate in F is a training document's embedding, released verbatim when "
-            "chosen: train on a user corpus only if it is public or consented for release, and "
-            "say so with --corpus-is-public"
+            "chosen, and the bundle stores the words of its training sentences (the votes' "
+            "vocabulary): train on a user corpus only if it is public or consented for "
+            "release, and say so with --corpus-is-public"
         )
     if not path.is_file():
         raise InputError(f"no such corpus file: {path}")

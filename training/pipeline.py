@@ -271,10 +271,12 @@ def build_bundle(
     p_table = with_label_choice(p_table, vote)
     for index, fit in enumerate(vote.fits):
         runs_at = [e for e, i in vote.index_by_epsilon.items() if i == index]
+        words = fit.word_regularisation
+        strength = f"C={fit.regularisation:g}"
+        if words is not None and fit.fitted_on != "words":
+            strength += f", words C={words:g}"
         console.print(
-            f"SentenceVote {index}: fitted on {fit.fitted_on}, C={fit.regularisation:g}"
-            + ("" if fit.word_regularisation is None else f" (words {fit.word_regularisation:g})")
-            + ", "
+            f"SentenceVote {index}: fitted on {fit.fitted_on}, {strength}, "
             f"temperature {fit.temperature:g}, runs at ε={'/'.join(runs_at) or '-'}; "
             "expected validation macro-F1 "
             + ", ".join(f"ε={e} {f:.3f}" for e, f in fit.validation_macro_f1.items())

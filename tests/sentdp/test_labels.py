@@ -376,7 +376,7 @@ def test_word_votes_depend_on_their_own_sentence_and_need_its_text() -> None:
     with pytest.raises(InputError, match="130 sentence embeddings but 129 texts"):
         mechanism.votes(sentences, texts[:-1])
     with pytest.raises(InputError, match="texts"):
-        mechanism.plan_batch([sentences], [1.0], [texts, texts])
+        mechanism.plan_batch([sentences], [1.0], texts=[texts, texts])
 
 
 def test_word_vote_draws_follow_its_exact_distribution() -> None:
@@ -384,7 +384,7 @@ def test_word_vote_draws_follow_its_exact_distribution() -> None:
     rng = np.random.default_rng(4)
     document = rng.normal(size=(6, D))
     texts = [word_pushes(mechanism, 2), "w01 w02", "", word_pushes(mechanism, 4), "zzz", "w03"]
-    (plan,) = mechanism.plan_batch([document], [3.0], [texts])
+    (plan,) = mechanism.plan_batch([document], [3.0], texts=[texts])
     observed = np.bincount(
         draw_many(plan, draw_words(np.random.default_rng(7), 200_000)), minlength=R
     )
@@ -431,3 +431,66 @@ def test_a_bundle_with_a_word_vote_round_trips_and_says_version_4(tmp_path: Path
     (tmp_path / "saved" / "label_words.json").unlink()
     with pytest.raises(InputError, match="vocabulary"):
         Bundle.load(tmp_path / "saved")
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        ("not json", "cannot read"),
+        ({"vocabulary": ["bank"]}, "cannot read"),
+        ({"tokenizer": "another-v9", "vocabulary": ["bank"]}, "tokenizer"),
+        ({"tokenizer": "lower-word2-v1", "vocabulary": None}, "do not hold a vocabulary"),
+        ({"tokenizer": "lower-word2-v1", "vocabulary": "bankgoal"}, "do not hold a vocabulary"),
+        ("short", "damaged"),
+        ("duplicate", "damaged"),
+        ("not a token", "damaged"),
+        ("tiny idf", "damaged"),
+        ("stray", "no vote reads"),
+    ],
+)
+def test_a_damaged_vocabulary_is_refused_by_name(
+    tmp_path: Path, damage: object, match: str
+) -> None:
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    from tests.service.fakes import WORDS, tiny_bundle
+
+    (tmp_path / "encoder").mkdir()
+    words = tmp_path / "saved" / "label_words.json"
+    weights = tmp_path / "saved" / "label_vote.safetensors"
+    if damage == "stray":
+        tiny_bundle(encoder_dir=tmp_path / "encoder", vote=True).save(tmp_path / "saved")
+        words.write_text(json.dumps({"tokenizer": "lower-word2-v1", "vocabulary": list(WORDS)}))
+    else:
+        bundle = tiny_bundle(encoder_dir=tmp_path / "encoder", vote=True, words=True)
+        bundle.save(tmp_path / "saved")
+        vocabulary = list(WORDS)
+        if damage == "short":
+            vocabulary = vocabulary[:-1]
+        elif damage == "duplicate":
+            vocabulary[1] = vocabulary[0]
+        elif damage == "not a token":
+            vocabulary[0] = "Bank"
+        elif damage == "tiny idf":
+            arrays = load_file(str(weights))
+            save_file({**arrays, "word_idf": np.full(len(WORDS), 1e-320)}, str(weights))
+        stored: object = {"tokenizer": "lower-word2-v1", "vocabulary": vocabulary}
+        if not isinstance(damage, str) or damage == "not json":
+            stored = damage
+        words.write_text(stored if isinstance(stored, str) else json.dumps(stored))
+    with pytest.raises(InputError, match=match) as refused:
+        Bundle.load(tmp_path / "saved")
+    assert "label_" in str(refused.value)  # the message names the file
+
+
+def test_a_vote_with_damaged_weights_fails_closed_instead_of_voting_out_of_range() -> None:
+    from sentdp.errors import InternalError
+
+    mechanism = word_vote(2)
+    assert mechanism.word_weights is not None
+    finite_but_huge = np.full_like(mechanism.word_weights, 1.7e308)  # sums overflow
+    huge = SentenceVote(mechanism.weights, mechanism.bias, finite_but_huge, mechanism.words)
+    with pytest.raises(InternalError, match="not finite"):
+        huge.votes(np.zeros((2, D)), ["w01 w02 w03", "w01"])

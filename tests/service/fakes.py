@@ -42,6 +42,8 @@ def tiny_bundle(
     """Two variants; with ``vote``, a SentenceVote that /classify uses at epsilon 1 (below 5);
     with ``second_vote`` too, two votes, the p table running vote 1 at epsilon 1; with
     ``words``, the last vote also reads its sentences' words (:data:`WORDS`)."""
+    if words and not vote:
+        raise ValueError("a tiny bundle reads words only in a vote: pass vote=True too")
     rng = np.random.default_rng(seed)
     labels = labels or LABELS
     records = [
@@ -144,7 +146,7 @@ class FakeWorker:
             sentences = np.stack([embed(s) for s in item.sentences])
             if item.release == "vote":
                 plan = self.bundle.votes[item.vote].plan_batch(
-                    [sentences], [item.epsilon], [item.sentences]
+                    [sentences], [item.epsilon], texts=[item.sentences]
                 )
                 self.journal.append(item.charge_id)
                 results.append(

@@ -58,17 +58,33 @@ def test_a_vote_the_bundle_lacks_is_refused_before_anything_is_drawn() -> None:
         plan_encoded(bundle, mechanisms, [item("vote", 1)], [np.ones((2, DIM))])
 
 
-def test_a_vote_that_reads_words_is_planned_with_the_item_s_sentences() -> None:
+def test_a_vote_that_reads_words_is_planned_with_each_item_s_own_sentences() -> None:
+    """Items of one batch, of equal length, each read their own words: a batch that passed
+    one item's sentences to another's vote would fail here."""
     from tests.service.fakes import WORDS
 
     bundle = tiny_bundle(vote=True, second_vote=True, words=True)
     assert bundle.votes[1].reads_words
     mechanisms = {v.record.name: v.mechanism() for v in bundle.variants}
-    documents = [np.random.default_rng(1).normal(size=(2, DIM))]
-    texts = [f"{WORDS[0]} {WORDS[4]} {WORDS[5]}.", f"{WORDS[1]} {WORDS[2]}!"]
-    voting = item("vote", 1).model_copy(update={"sentences": texts})
-    (plan,) = plan_encoded(bundle, mechanisms, [voting], documents)
-    (expected,) = bundle.votes[1].plan_batch(documents, [1.0], [texts])
-    assert same(plan, expected)
-    (other,) = bundle.votes[1].plan_batch(documents, [1.0], [["no such words", "none"]])
-    assert not same(plan, other)  # the words moved the plan: the test sees they were read
+    rng = np.random.default_rng(1)
+    documents = [rng.normal(size=(2, DIM)) for _ in range(5)]
+    texts = [
+        [f"{WORDS[0]} {WORDS[4]} {WORDS[5]}.", f"{WORDS[1]} {WORDS[2]}!"],
+        [f"{WORDS[3]} {WORDS[6]}.", f"{WORDS[7]} {WORDS[7]} {WORDS[7]}."],
+        ["no such words.", "none."],
+        [f"{WORDS[2]} {WORDS[2]} {WORDS[1]}.", f"{WORDS[5]}."],
+        [f"{WORDS[6]}.", f"{WORDS[0]} {WORDS[3]}."],
+    ]
+    kinds = [("vote", 1), ("candidate", 0), ("vote", 1), ("vote", 0), ("vote", 1)]
+    items = [
+        item(release, vote).model_copy(update={"sentences": sentences})
+        for (release, vote), sentences in zip(kinds, texts, strict=True)
+    ]
+    plans = plan_encoded(bundle, mechanisms, items, documents)
+    for n in (0, 2, 3, 4):
+        vote = bundle.votes[items[n].vote]
+        (expected,) = vote.plan_batch([documents[n]], [1.0], texts=[texts[n]])
+        assert same(plans[n], expected)
+    for n in (0, 2, 4):  # the words moved each plan: the test sees whose words were read
+        (other,) = bundle.votes[1].plan_batch([documents[n]], [1.0], texts=[texts[(n + 2) % 5]])
+        assert not same(plans[n], other)
