@@ -61,12 +61,12 @@ class WordFeatures:
             )
         if not (np.isfinite(idf).all() and (idf >= 1).all() and (idf <= MAX_IDF).all()):
             raise InputError(f"word idf values must lie in [1, {MAX_IDF:g}]")
-        index = {word: n for n, word in enumerate(self.vocabulary)}
-        if len(index) != len(self.vocabulary):
-            raise InputError("the word vocabulary holds a word twice")
         odd = [w for w in self.vocabulary if not isinstance(w, str) or tokens(w) != [w]]
         if odd:
             raise InputError(f"{len(odd)} vocabulary entries are not tokens, e.g. {odd[0]!r}")
+        index = {word: n for n, word in enumerate(self.vocabulary)}
+        if len(index) != len(self.vocabulary):
+            raise InputError("the word vocabulary holds a word twice")
         object.__setattr__(self, "_index", index)
 
     @property

@@ -444,6 +444,7 @@ def test_a_bundle_with_a_word_vote_round_trips_and_says_version_4(tmp_path: Path
         ("short", "damaged"),
         ("duplicate", "damaged"),
         ("not a token", "damaged"),
+        ("not a string", "damaged"),
         ("tiny idf", "damaged"),
         ("stray", "no vote reads"),
     ],
@@ -466,13 +467,15 @@ def test_a_damaged_vocabulary_is_refused_by_name(
     else:
         bundle = tiny_bundle(encoder_dir=tmp_path / "encoder", vote=True, words=True)
         bundle.save(tmp_path / "saved")
-        vocabulary = list(WORDS)
+        vocabulary: list[object] = list(WORDS)
         if damage == "short":
             vocabulary = vocabulary[:-1]
         elif damage == "duplicate":
             vocabulary[1] = vocabulary[0]
         elif damage == "not a token":
             vocabulary[0] = "Bank"
+        elif damage == "not a string":
+            vocabulary[0] = ["bank"]
         elif damage == "tiny idf":
             arrays = load_file(str(weights))
             save_file({**arrays, "word_idf": np.full(len(WORDS), 1e-320)}, str(weights))
