@@ -244,10 +244,15 @@ def _word_votes(
     sentences: npt.NDArray[np.object_], labels: npt.NDArray[np.int64], dims: int, seed: int
 ) -> list[tuple[float, SentenceVote]]:
     """Per ``WORD_REGULARISATION``, a vote of the word classifier alone (zero embedding
-    weights), fitted on the training sentences' TF-IDF vectors over their own vocabulary."""
+    weights), fitted on the training sentences' TF-IDF vectors over their own vocabulary;
+    none where no word recurs (text without word characters, or without spaces between
+    words), so that such a corpus trains the embedding families alone."""
     from sklearn.linear_model import LogisticRegression
 
-    words = fit_word_features(list(sentences))
+    try:
+        words = fit_word_features(list(sentences))
+    except InputError:
+        return []
     features = words.matrix(list(sentences))
     made = []
     for strength in WORD_REGULARISATION:

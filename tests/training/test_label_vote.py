@@ -158,3 +158,7 @@ def test_votes_that_read_words_are_fitted_and_win_where_only_words_tell_classes_
     assert plain.validation_macro_f1["50"] < 0.7
     with pytest.raises(InternalError, match="line up"):
         train_vote(embeddings, y, train, validation, (1.0, 50.0), seed=0, texts=texts[:-1])
+    # where no word recurs, the embedding families train alone instead of failing
+    wordless = [["!" * (n + 1) for n in range(len(document))] for document in texts]
+    alone = train_vote(embeddings, y, train, validation, (1.0, 50.0), seed=0, texts=wordless)
+    assert not any(fit.vote.reads_words for fit in alone.fits)
