@@ -325,11 +325,7 @@ class Bundle:
         reading = [vote.words for vote in self.votes if vote.words is not None]
         if bool(reading) != (self.manifest.vote_words is not None):
             raise InputError("the manifest's vote_words must say whether any vote reads words")
-        if any(
-            words.vocabulary != reading[0].vocabulary
-            or not np.array_equal(words.idf, reading[0].idf)
-            for words in reading
-        ):
+        if any(not words.same_as(reading[0]) for words in reading):
             raise InputError("the votes that read words must share one vocabulary")
         for choice in self.manifest.p_table:
             needed = choice.label == "vote" or choice.vote_index > 0
@@ -424,14 +420,17 @@ class Bundle:
             from safetensors.numpy import save_file
 
             arrays = {}
+            words = None  # the votes that read words share it (checked on construction)
             for index, vote in enumerate(self.votes):
                 suffix = f"_{index}" if index else ""
                 arrays[f"weights{suffix}"], arrays[f"bias{suffix}"] = vote.weights, vote.bias
                 if vote.words is not None and vote.word_weights is not None:
                     arrays[f"word_weights{suffix}"] = vote.word_weights
-                    arrays["word_idf"] = vote.words.idf
-                    vocabulary = {"tokenizer": TOKENIZER, "vocabulary": list(vote.words.vocabulary)}
-                    (directory / WORDS_FILE).write_text(json.dumps(vocabulary))
+                    words = vote.words
+            if words is not None:
+                arrays["word_idf"] = words.idf
+                vocabulary = {"tokenizer": TOKENIZER, "vocabulary": list(words.vocabulary)}
+                (directory / WORDS_FILE).write_text(json.dumps(vocabulary))
             save_file(
                 {k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(directory / VOTE_FILE)
             )

@@ -104,10 +104,8 @@ class SentenceVote:
             return False
         if self.words is None or other.words is None:
             return self.words is None and other.words is None
-        return (
-            self.words.vocabulary == other.words.vocabulary
-            and np.array_equal(self.words.idf, other.words.idf)
-            and np.array_equal(np.asarray(self.word_weights), np.asarray(other.word_weights))
+        return self.words.same_as(other.words) and np.array_equal(
+            np.asarray(self.word_weights), np.asarray(other.word_weights)
         )
 
     def scaled(self, temperature: float) -> SentenceVote:

@@ -73,6 +73,10 @@ class WordFeatures:
     def size(self) -> int:
         return len(self.vocabulary)
 
+    def same_as(self, other: WordFeatures) -> bool:
+        """Whether both give every sentence the same vector (same words, same idf)."""
+        return self.vocabulary == other.vocabulary and np.array_equal(self.idf, other.idf)
+
     def vector(self, sentence: str) -> tuple[IntArray, FloatArray]:
         """The sentence's TF-IDF vector, sparse: word indices (ascending) and values."""
         index = self._index

@@ -249,11 +249,12 @@ def _word_votes(
     words), so that such a corpus trains the embedding families alone."""
     from sklearn.linear_model import LogisticRegression
 
+    texts = list(sentences)
     try:
-        words = fit_word_features(list(sentences))
+        words = fit_word_features(texts)
     except InputError:
         return []
-    features = words.matrix(list(sentences))
+    features = words.matrix(texts)
     made = []
     for strength in WORD_REGULARISATION:
         model = LogisticRegression(C=strength, max_iter=1000, random_state=seed)
