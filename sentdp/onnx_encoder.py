@@ -15,6 +15,15 @@ training time by ``training.onnx_export``:
   embedding moves with the other sentences of its batch (measured: up to 0.03), which the
   privacy argument forbids.
 
+The graph ends at the transformer's token embeddings (output ``token_embeddings``) and the
+mean pooling and normalization that follow run here, row by row in NumPy: ONNX Runtime's
+``ReduceSum`` over the token axis sums in an order that depends on the number of rows in the
+batch, so a graph that pools inside moved a sentence's embedding (by ~1e-7) with its batch
+companions and needed fixed-shape batches, while the transformer itself gave bit-identical
+rows for every row count tried (measured on an AVX-512 Xeon, 1 to 64 rows). A row pooled
+here is computed from that row's tokens alone. Graphs exported before (output
+``sentence_embedding``, pooling inside) still run as they are.
+
 Serving an ONNX bundle imports neither torch nor sentence-transformers.
 """
 
@@ -35,6 +44,59 @@ from sentdp.errors import InputError
 ONNX_FILES = {"onnx": "onnx/model.onnx", "onnx-int8": "onnx/model_int8.onnx"}
 """Where each ONNX backend's graph lives inside an encoder directory."""
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+UNPOOLED_OUTPUT = "token_embeddings"
+"""The output of a graph that ends before pooling (pooled here by :func:`mean_pool`)."""
+SENTENCE_OUTPUT = "sentence_embedding"
+"""The output of a graph that pools inside (exported before pooling moved out of it)."""
+
+
+def pooling_of(model_dir: Path) -> bool | None:
+    """How a sentence-transformers directory turns token embeddings into a sentence
+    embedding, where sentdp can do it outside the graph: ``False`` for mean pooling over
+    the tokens, ``True`` for mean pooling then L2 normalization, ``None`` for any other
+    module stack (that graph keeps its pooling inside)."""
+    stack = _module_stack(model_dir)
+    if stack is None:
+        return None
+    kinds, config = stack
+    modes = {key: value for key, value in config.items() if key.startswith("pooling_mode_")}
+    others = [key for key, value in modes.items() if key != "pooling_mode_mean_tokens" and value]
+    mean_only = modes.get("pooling_mode_mean_tokens") is True and not others
+    if not mean_only or config.get("include_prompt", True) is not True:
+        return None
+    return len(kinds) == 3
+
+
+def _module_stack(model_dir: Path) -> tuple[list[str], dict[str, Any]] | None:
+    """The module kinds of a Transformer-Pooling[-Normalize] stack and its pooling config;
+    None for any other stack or unreadable files."""
+    try:
+        modules = json.loads((model_dir / "modules.json").read_text())
+        kinds = [str(module["type"]).rsplit(".", 1)[-1] for module in modules]
+        if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+            return None
+        config = json.loads((model_dir / modules[1]["path"] / "config.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    return (kinds, config) if isinstance(config, dict) else None
+
+
+def mean_pool(
+    tokens: npt.NDArray[np.float32], lengths: Sequence[int], normalize: bool
+) -> npt.NDArray[np.float32]:
+    """Each row's mean over its first ``lengths[i]`` token embeddings (its unpadded
+    tokens), L2-normalized if asked: sentence-transformers' mean pooling and Normalize,
+    computed for each row from that row's tokens alone, so no other row of the batch, nor
+    how many there are, can change it."""
+    out = np.empty((tokens.shape[0], tokens.shape[2]), dtype=np.float32)
+    for row, length in enumerate(lengths):
+        pooled = np.add.reduce(tokens[row, :length], axis=0, dtype=np.float32)
+        pooled /= np.float32(max(length, 1))
+        if normalize:
+            norm = np.sqrt(np.add.reduce(pooled * pooled, dtype=np.float32))
+            pooled /= max(norm, np.float32(1e-12))
+        out[row] = pooled
+    return out
 
 
 def max_tokens_of(model_dir: Path) -> int:
@@ -92,6 +154,20 @@ class OnnxSentenceEncoder:
         unknown = set(self._inputs) - set(INPUT_NAMES)
         if unknown:
             raise InputError(f"the graph {self.model_file} asks for unknown inputs {unknown}")
+        outputs = [o.name for o in self._session.get_outputs()]
+        self._normalize: bool | None = None  # None: the graph pools inside
+        if outputs == [UNPOOLED_OUTPUT]:
+            self._normalize = pooling_of(self.path)
+            if self._normalize is None or "attention_mask" not in self._inputs:
+                raise InputError(
+                    f"the graph {self.model_file} ends at token embeddings, but {self.path} "
+                    "does not describe a mean pooling sentdp can apply after it"
+                )
+        elif outputs != [SENTENCE_OUTPUT]:
+            raise InputError(
+                f"the graph {self.model_file} has outputs {outputs}; expected "
+                f"[{UNPOOLED_OUTPUT!r}] or [{SENTENCE_OUTPUT!r}]"
+            )
         self._filler = self._tokenizer.encode(".").ids  # public padding rows, as torch's
         self.dim = int(self._run(self._pad([self._tokenizer.encode("probe").ids], 8)).shape[1])
 
@@ -122,8 +198,17 @@ class OnnxSentenceEncoder:
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
         return {name: feeds[name] for name in self._inputs}
 
+    @property
+    def pools_outside(self) -> bool:
+        """Whether the graph ends at token embeddings and sentdp pools them row by row."""
+        return self._normalize is not None
+
     def _run(self, feeds: dict[str, npt.NDArray[np.int64]]) -> npt.NDArray[np.float32]:
-        return np.asarray(self._session.run(None, feeds)[0], dtype=np.float32)
+        output = np.asarray(self._session.run(None, feeds)[0], dtype=np.float32)
+        if self._normalize is None:
+            return output
+        lengths = feeds["attention_mask"].sum(axis=1).tolist()
+        return mean_pool(output, lengths, self._normalize)
 
     def encode(self, sentences: Sequence[str]) -> npt.NDArray[np.float32]:
         """(n, dim) float32 embeddings, each computed as if its sentence were alone."""

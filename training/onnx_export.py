@@ -1,9 +1,12 @@
 """Export G to ONNX for the ``onnx`` and ``onnx-int8`` backends (training time, with torch).
 
 The exported directory is the sentence-transformers directory plus ``onnx/``, so a bundle
-that copies it serves without torch. The graph is the whole sentence-transformers module
-stack (transformer, pooling, normalization), traced once; its output is the sentence
-embedding.
+that copies it serves without torch. The graph is the transformer of the
+sentence-transformers module stack, traced once; its output is the token embeddings, which
+:class:`~sentdp.onnx_encoder.OnnxSentenceEncoder` mean-pools and normalizes row by row
+(ONNX Runtime's pooling inside the graph summed in an order that depended on the batch's
+row count). A stack whose pooling sentdp cannot apply outside (anything but mean pooling,
+optionally normalized) is traced whole, pooling included, as every graph was before.
 
 int8 uses *static* quantization: the scales of the activations are calibrated once, on
 public sentences, and fixed in the graph, so a row's result cannot depend on its batch
@@ -27,8 +30,18 @@ import numpy as np
 
 from sentdp.encoders import SentenceEncoder, encoder_files_sha256, length_buckets
 from sentdp.errors import InputError
-from sentdp.onnx_encoder import INPUT_NAMES, ONNX_FILES, OnnxSentenceEncoder
+from sentdp.onnx_encoder import (
+    INPUT_NAMES,
+    ONNX_FILES,
+    SENTENCE_OUTPUT,
+    UNPOOLED_OUTPUT,
+    OnnxSentenceEncoder,
+    pooling_of,
+)
 
+EXPORT_FORMAT = 2
+"""Bumped when the exported graph changes for the same encoder files (2: pooling outside),
+so the export cache never hands back a graph of an older kind."""
 CALIBRATION_SENTENCES = 512
 CALIBRATION_BATCH = 16
 OPSET = 17
@@ -46,7 +59,8 @@ def exported_encoder(
         raise InputError(f"no ONNX export for backend {backend!r}")
     if backend == "onnx-int8" and not calibration:
         raise InputError("int8 needs public calibration sentences")
-    digest = hashlib.sha256(backend.encode() + encoder_files_sha256(source).encode())
+    digest = hashlib.sha256(f"{backend}\0{EXPORT_FORMAT}\0".encode())
+    digest.update(encoder_files_sha256(source).encode())
     if backend == "onnx-int8":
         for sentence in calibration:
             digest.update(sentence.encode() + b"\0")
@@ -75,16 +89,22 @@ def exported_encoder(
     return target
 
 
-def _export_float(source: Path, graph: Path) -> None:
+def _export_float(source: Path, graph: Path, pool_inside: bool | None = None) -> None:
+    """Trace G to ``graph``: the transformer alone (output ``token_embeddings``) where sentdp
+    can pool outside, else the whole stack (``sentence_embedding``). ``pool_inside`` forces
+    one or the other (tests make a graph of the older kind with it)."""
     import torch
 
     encoder = SentenceEncoder(source, "cpu")
     stack = encoder._model
+    if pool_inside is None:
+        pool_inside = pooling_of(source) is None
+    module, output = (stack, SENTENCE_OUTPUT) if pool_inside else (stack[0], UNPOOLED_OUTPUT)
 
     class Embed(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.stack = stack
+            self.stack = module
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             features = {
@@ -92,7 +112,7 @@ def _export_float(source: Path, graph: Path) -> None:
                 "attention_mask": attention_mask,
                 "token_type_ids": torch.zeros_like(input_ids),
             }
-            embedding: torch.Tensor = self.stack(features)["sentence_embedding"]
+            embedding: torch.Tensor = self.stack(features)[output]
             return embedding
 
     example = stack.tokenizer(
@@ -112,11 +132,11 @@ def _export_float(source: Path, graph: Path) -> None:
             (example["input_ids"], example["attention_mask"]),
             str(graph),
             input_names=list(INPUT_NAMES[:2]),
-            output_names=["sentence_embedding"],
+            output_names=[output],
             dynamic_axes={
                 "input_ids": axes,
                 "attention_mask": axes,
-                "sentence_embedding": {0: "batch"},
+                output: axes if output == UNPOOLED_OUTPUT else {0: "batch"},
             },
             opset_version=OPSET,
             dynamo=False,

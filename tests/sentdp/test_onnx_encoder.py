@@ -22,7 +22,13 @@ from sentdp.encoders import (
     open_encoder,
 )
 from sentdp.errors import InputError
-from sentdp.onnx_encoder import ONNX_FILES, OnnxSentenceEncoder
+from sentdp.onnx_encoder import (
+    ONNX_FILES,
+    UNPOOLED_OUTPUT,
+    OnnxSentenceEncoder,
+    mean_pool,
+    pooling_of,
+)
 from tests.service.fakes import tiny_bundle
 
 CALIBRATION = [
@@ -182,3 +188,95 @@ def test_an_evaluation_never_mixes_backends(tmp_path) -> None:
     _check_same_corpus([torch_bundle, torch_bundle])
     with pytest.raises(ValueError, match="must share an encoder"):
         _check_same_corpus([torch_bundle, onnx_bundle])
+
+
+def test_exported_graphs_end_at_token_embeddings_and_pool_outside(exported) -> None:
+    import onnx
+
+    for backend, directory in exported.items():
+        graph = onnx.load(str(directory / ONNX_FILES[backend]), load_external_data=False)
+        assert [o.name for o in graph.graph.output] == [UNPOOLED_OUTPUT]
+        assert "ReduceSum" not in {node.op_type for node in graph.graph.node}
+        encoder = open_encoder(directory, backend, batch_size=8)
+        assert isinstance(encoder, OnnxSentenceEncoder)
+        assert encoder.pools_outside
+        norms = np.linalg.norm(encoder.encode(list(INVARIANCE_PROBES)), axis=1)
+        np.testing.assert_allclose(norms, 1.0, atol=1e-6)  # the stack's Normalize, applied
+
+
+def test_mean_pool_reads_only_its_own_rows_tokens() -> None:
+    rng = np.random.default_rng(7)
+    tokens = rng.standard_normal((6, 16, 5)).astype(np.float32)
+    lengths = [16, 3, 1, 9, 16, 2]
+    together = mean_pool(tokens, lengths, normalize=True)
+    for row, length in enumerate(lengths):
+        garbage = rng.standard_normal((4, 16, 5)).astype(np.float32) * 1e6
+        garbage[2] = tokens[row]
+        garbage[2, length:] = 1e9  # padding positions are never read
+        alone = mean_pool(tokens[row : row + 1], [length], normalize=True)[0]
+        crowd = mean_pool(garbage, [16, 16, length, 16], normalize=True)[2]
+        np.testing.assert_array_equal(together[row], alone)
+        np.testing.assert_array_equal(crowd, alone)
+        expected = tokens[row, :length].astype(np.float64).mean(axis=0)
+        np.testing.assert_allclose(alone, expected / np.linalg.norm(expected), rtol=1e-5)
+    unnormalized = mean_pool(tokens, lengths, normalize=False)
+    np.testing.assert_allclose(unnormalized[1], tokens[1, :3].mean(axis=0), rtol=1e-6)
+
+
+def test_a_graph_that_pools_inside_still_serves(exported, tmp_path) -> None:
+    """Bundles exported before pooling moved out of the graph keep working, unchanged."""
+    from training.onnx_export import _export_float
+
+    older = tmp_path / "older"
+    shutil.copytree(exported["onnx"], older)
+    _export_float(default_encoder_path(), older / ONNX_FILES["onnx"], pool_inside=True)
+    legacy = open_encoder(older, "onnx", batch_size=4, fixed_batch=True)
+    current = open_encoder(exported["onnx"], "onnx", batch_size=4, fixed_batch=True)
+    assert isinstance(legacy, OnnxSentenceEncoder)
+    assert not legacy.pools_outside
+    probes = list(INVARIANCE_PROBES)
+    np.testing.assert_allclose(legacy.encode(probes), current.encode(probes), atol=1e-6)
+    assert batch_invariance_violations(legacy, probes[:4], batch_sizes=(2, 5)) == []
+
+
+def _sentence_transformers_dir(tmp_path: Path, modules: list[str], pooling: dict) -> Path:
+    import json
+
+    directory = tmp_path / "st"
+    (directory / "1_Pooling").mkdir(parents=True)
+    entries = [
+        {
+            "idx": i,
+            "name": str(i),
+            "path": ["", "1_Pooling", "2_Normalize", "3_Dense"][i],
+            "type": f"sentence_transformers.models.{kind}",
+        }
+        for i, kind in enumerate(modules)
+    ]
+    (directory / "modules.json").write_text(json.dumps(entries))
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    return directory
+
+
+MEAN = {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True}
+
+
+@pytest.mark.parametrize(
+    ("modules", "pooling", "expected"),
+    [
+        (["Transformer", "Pooling", "Normalize"], MEAN, True),
+        (["Transformer", "Pooling"], MEAN, False),
+        (["Transformer", "Pooling", "Normalize"], MEAN | {"pooling_mode_cls_token": True}, None),
+        (["Transformer", "Pooling", "Normalize"], {"pooling_mode_max_tokens": True}, None),
+        (["Transformer", "Pooling", "Normalize"], MEAN | {"include_prompt": False}, None),
+        (["Transformer", "Pooling", "Dense", "Normalize"], MEAN, None),
+        (["Transformer", "Normalize"], MEAN, None),
+    ],
+)
+def test_only_mean_pooling_moves_out_of_the_graph(tmp_path, modules, pooling, expected) -> None:
+    assert pooling_of(_sentence_transformers_dir(tmp_path, modules, pooling)) is expected
+
+
+def test_the_real_encoders_stack_pools_outside() -> None:
+    assert pooling_of(default_encoder_path()) is True
+    assert pooling_of(Path("/nonexistent")) is None
