@@ -380,6 +380,11 @@ class Bundle:
             )
         if backend == "torch":
             return
+        if recorded is None:  # the configs outside the graph decide its pooling: pin them
+            raise InputError(
+                f"the bundle's {backend} encoder records no digest of its files, so its "
+                "tokenizer and pooling configs cannot be checked; retrain the bundle"
+            )
         from sentdp.onnx_encoder import ONNX_FILES
 
         if backend not in ONNX_FILES:

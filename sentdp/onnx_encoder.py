@@ -6,8 +6,8 @@ batch of that bucket, so its embedding is a function of that sentence alone; the
 start-up check verifies it as for torch. Two model files are supported, both written at
 training time by ``training.onnx_export``:
 
-- ``onnx/model.onnx`` (backend ``onnx``): the float32 graph, the same function as torch's
-  up to float rounding;
+- ``onnx/model.onnx`` (backend ``onnx``): the float32 graph; with the pooling below, the
+  same function as torch's up to float rounding;
 - ``onnx/model_int8.onnx`` (backend ``onnx-int8``): weights and activations of the matrix
   products quantized to int8 with *static* scales calibrated on public text. Dynamic
   quantization (sentence-transformers' ``export_dynamic_quantized_onnx_model``) is not
@@ -33,7 +33,7 @@ import json
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -50,35 +50,77 @@ SENTENCE_OUTPUT = "sentence_embedding"
 """The output of a graph that pools inside (exported before pooling moved out of it)."""
 
 
-def pooling_of(model_dir: Path) -> bool | None:
+Pooling = Literal["mean", "mean+normalize"]
+"""A pooling sentdp applies after a graph that ends at token embeddings."""
+
+LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+"""sentence-transformers' older boolean pooling keys and the mode each names."""
+
+
+def pooling_of(model_dir: Path) -> Pooling | None:
     """How a sentence-transformers directory turns token embeddings into a sentence
-    embedding, where sentdp can do it outside the graph: ``False`` for mean pooling over
-    the tokens, ``True`` for mean pooling then L2 normalization, ``None`` for any other
-    module stack (that graph keeps its pooling inside)."""
+    embedding, where sentdp can do it outside the graph: "mean" (mean over the tokens) or
+    "mean+normalize" (then L2 normalization); None for any other module stack, a pooling
+    sentdp does not implement, or files it cannot read (that graph keeps its pooling
+    inside). The configs are read as sentence-transformers 6 reads them: ``pooling_mode``
+    wins over the older ``pooling_mode_*`` flags, and no flag set means mean."""
     stack = _module_stack(model_dir)
     if stack is None:
         return None
-    kinds, config = stack
-    modes = {key: value for key, value in config.items() if key.startswith("pooling_mode_")}
-    others = [key for key, value in modes.items() if key != "pooling_mode_mean_tokens" and value]
-    mean_only = modes.get("pooling_mode_mean_tokens") is True and not others
-    if not mean_only or config.get("include_prompt", True) is not True:
+    modules, pooling, normalize = stack
+    if "pooling_mode" in pooling:
+        mode = pooling["pooling_mode"]
+        modes = [mode] if isinstance(mode, str) else mode if isinstance(mode, list) else []
+    else:
+        modes = [name for key, name in LEGACY_POOLING_KEYS.items() if pooling.get(key)] or ["mean"]
+    if modes != ["mean"] or pooling.get("include_prompt", True) is not True:
         return None
-    return len(kinds) == 3
+    if len(modules) == 2:
+        return "mean"
+    reads = normalize.get("module_input_name", SENTENCE_OUTPUT)
+    writes = normalize.get("module_output_name") or reads
+    return "mean+normalize" if reads == writes == SENTENCE_OUTPUT else None
 
 
-def _module_stack(model_dir: Path) -> tuple[list[str], dict[str, Any]] | None:
-    """The module kinds of a Transformer-Pooling[-Normalize] stack and its pooling config;
-    None for any other stack or unreadable files."""
+def _module_stack(
+    model_dir: Path,
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]] | None:
+    """The modules of a Transformer-Pooling[-Normalize] stack, its pooling config and its
+    Normalize config ({} where there is none); None for any other stack or unreadable files."""
     try:
         modules = json.loads((model_dir / "modules.json").read_text())
         kinds = [str(module["type"]).rsplit(".", 1)[-1] for module in modules]
         if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
             return None
-        config = json.loads((model_dir / modules[1]["path"] / "config.json").read_text())
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        folders = [_inside(model_dir, str(module["path"])) for module in modules[1:]]
+        if None in folders:
+            return None
+        configs = [_config(folder) for folder in folders if folder is not None]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return (kinds, config) if isinstance(config, dict) else None
+    if not all(isinstance(config, dict) for config in configs):
+        return None
+    return modules, configs[0], configs[1] if len(configs) == 2 else {}
+
+
+def _inside(model_dir: Path, relative: str) -> Path | None:
+    """``model_dir / relative`` when ``relative`` stays inside the directory, else None."""
+    if Path(relative).is_absolute() or ".." in Path(relative).parts:
+        return None
+    return model_dir / relative
+
+
+def _config(folder: Path) -> Any:
+    """A module folder's config.json ({} where the module has none)."""
+    file = folder / "config.json"
+    return json.loads(file.read_text()) if file.is_file() else {}
 
 
 def mean_pool(
@@ -88,7 +130,10 @@ def mean_pool(
     tokens), L2-normalized if asked: sentence-transformers' mean pooling and Normalize,
     computed for each row from that row's tokens alone, so no other row of the batch, nor
     how many there are, can change it."""
-    out = np.empty((tokens.shape[0], tokens.shape[2]), dtype=np.float32)
+    rows, width = tokens.shape[0], tokens.shape[1]
+    if len(lengths) != rows or any(not 0 <= length <= width for length in lengths):
+        raise InputError(f"need a length in [0, {width}] for each of {rows} rows")
+    out = np.empty((rows, tokens.shape[2]), dtype=np.float32)
     for row, length in enumerate(lengths):
         pooled = np.add.reduce(tokens[row, :length], axis=0, dtype=np.float32)
         pooled /= np.float32(max(length, 1))
@@ -155,13 +200,18 @@ class OnnxSentenceEncoder:
         if unknown:
             raise InputError(f"the graph {self.model_file} asks for unknown inputs {unknown}")
         outputs = [o.name for o in self._session.get_outputs()]
-        self._normalize: bool | None = None  # None: the graph pools inside
+        self.pooling: Pooling | None = None  # None: the graph pools inside
         if outputs == [UNPOOLED_OUTPUT]:
-            self._normalize = pooling_of(self.path)
-            if self._normalize is None or "attention_mask" not in self._inputs:
+            self.pooling = pooling_of(self.path)
+            if self.pooling is None:
                 raise InputError(
                     f"the graph {self.model_file} ends at token embeddings, but {self.path} "
                     "does not describe a mean pooling sentdp can apply after it"
+                )
+            if "attention_mask" not in self._inputs:
+                raise InputError(
+                    f"the graph {self.model_file} ends at token embeddings but takes no "
+                    "attention mask, so sentdp cannot tell its tokens from padding"
                 )
         elif outputs != [SENTENCE_OUTPUT]:
             raise InputError(
@@ -180,6 +230,7 @@ class OnnxSentenceEncoder:
             "length_buckets": self._buckets,
             "backend": self.backend,
             "onnx_sha256": file_sha256(self.model_file),
+            "pooling": self.pooling or "graph",
         }
 
     def _ids(self, sentences: Sequence[str]) -> list[list[int]]:
@@ -201,14 +252,14 @@ class OnnxSentenceEncoder:
     @property
     def pools_outside(self) -> bool:
         """Whether the graph ends at token embeddings and sentdp pools them row by row."""
-        return self._normalize is not None
+        return self.pooling is not None
 
     def _run(self, feeds: dict[str, npt.NDArray[np.int64]]) -> npt.NDArray[np.float32]:
         output = np.asarray(self._session.run(None, feeds)[0], dtype=np.float32)
-        if self._normalize is None:
+        if self.pooling is None:
             return output
-        lengths = feeds["attention_mask"].sum(axis=1).tolist()
-        return mean_pool(output, lengths, self._normalize)
+        lengths = feeds["attention_mask"].sum(axis=1).tolist()  # _pad pads on the right
+        return mean_pool(output, lengths, normalize=self.pooling == "mean+normalize")
 
     def encode(self, sentences: Sequence[str]) -> npt.NDArray[np.float32]:
         """(n, dim) float32 embeddings, each computed as if its sentence were alone."""

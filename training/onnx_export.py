@@ -25,6 +25,7 @@ import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,12 +37,15 @@ from sentdp.onnx_encoder import (
     SENTENCE_OUTPUT,
     UNPOOLED_OUTPUT,
     OnnxSentenceEncoder,
+    mean_pool,
     pooling_of,
 )
 
 EXPORT_FORMAT = 2
 """Bumped when the exported graph changes for the same encoder files (2: pooling outside),
 so the export cache never hands back a graph of an older kind."""
+POOLING_TOLERANCE = 1e-5
+"""How far sentdp's pooling may be from the stack's own on the export's example batch."""
 CALIBRATION_SENTENCES = 512
 CALIBRATION_BATCH = 16
 OPSET = 17
@@ -59,7 +63,7 @@ def exported_encoder(
         raise InputError(f"no ONNX export for backend {backend!r}")
     if backend == "onnx-int8" and not calibration:
         raise InputError("int8 needs public calibration sentences")
-    digest = hashlib.sha256(f"{backend}\0{EXPORT_FORMAT}\0".encode())
+    digest = hashlib.sha256(f"{backend}\0{EXPORT_FORMAT}\0{pooling_of(source)}\0".encode())
     digest.update(encoder_files_sha256(source).encode())
     if backend == "onnx-int8":
         for sentence in calibration:
@@ -97,8 +101,14 @@ def _export_float(source: Path, graph: Path, pool_inside: bool | None = None) ->
 
     encoder = SentenceEncoder(source, "cpu")
     stack = encoder._model
+    example = stack.tokenizer(
+        ["An example sentence.", "Another, a little longer, example sentence."],
+        padding="max_length",
+        max_length=16,
+        return_tensors="pt",
+    )
     if pool_inside is None:
-        pool_inside = pooling_of(source) is None
+        pool_inside = not _pools_like_the_stack(stack, example, pooling_of(source))
     module, output = (stack, SENTENCE_OUTPUT) if pool_inside else (stack[0], UNPOOLED_OUTPUT)
 
     class Embed(torch.nn.Module):
@@ -115,12 +125,6 @@ def _export_float(source: Path, graph: Path, pool_inside: bool | None = None) ->
             embedding: torch.Tensor = self.stack(features)[output]
             return embedding
 
-    example = stack.tokenizer(
-        ["An example sentence.", "Another, a little longer, example sentence."],
-        padding="max_length",
-        max_length=16,
-        return_tensors="pt",
-    )
     axes = {0: "batch", 1: "tokens"}
     # The tracer warns that shape checks become constants; they hold for every input here
     # (the mask always matches the ids), and the tests compare the graph with torch at
@@ -141,6 +145,28 @@ def _export_float(source: Path, graph: Path, pool_inside: bool | None = None) ->
             opset_version=OPSET,
             dynamo=False,
         )
+
+
+def _pools_like_the_stack(stack: Any, example: Any, pooling: str | None) -> bool:
+    """Whether :func:`~sentdp.onnx_encoder.mean_pool` with ``pooling`` after the stack's
+    transformer gives the stack's own sentence embeddings (within float rounding) on the
+    example batch: a check that the configs were read as sentence-transformers reads them,
+    before the pooling leaves the graph."""
+    import torch
+
+    if pooling is None:
+        return False
+    features = {
+        "input_ids": example["input_ids"],
+        "attention_mask": example["attention_mask"],
+        "token_type_ids": torch.zeros_like(example["input_ids"]),
+    }
+    with torch.no_grad():
+        whole = stack(dict(features))["sentence_embedding"].numpy()
+        tokens = stack[0](dict(features))["token_embeddings"].numpy()
+    lengths = example["attention_mask"].sum(dim=1).tolist()
+    pooled = mean_pool(tokens, lengths, normalize=pooling == "mean+normalize")
+    return bool(np.abs(pooled - whole).max() < POOLING_TOLERANCE)
 
 
 def _quantize(float_graph: Path, work: Path, calibration: Sequence[str]) -> None:

@@ -14,6 +14,7 @@ import pytest
 from sentdp.bundle import Bundle
 from sentdp.encoders import (
     INVARIANCE_PROBES,
+    SentenceEncoder,
     TokenCounter,
     backend_of,
     batch_invariance_violations,
@@ -24,6 +25,7 @@ from sentdp.encoders import (
 from sentdp.errors import InputError
 from sentdp.onnx_encoder import (
     ONNX_FILES,
+    SENTENCE_OUTPUT,
     UNPOOLED_OUTPUT,
     OnnxSentenceEncoder,
     mean_pool,
@@ -239,44 +241,146 @@ def test_a_graph_that_pools_inside_still_serves(exported, tmp_path) -> None:
     assert batch_invariance_violations(legacy, probes[:4], batch_sizes=(2, 5)) == []
 
 
-def _sentence_transformers_dir(tmp_path: Path, modules: list[str], pooling: dict) -> Path:
+def _sentence_transformers_dir(
+    tmp_path: Path, modules: list[str], pooling: dict, normalize: dict | None = None
+) -> Path:
     import json
 
     directory = tmp_path / "st"
     (directory / "1_Pooling").mkdir(parents=True)
+    folders = {"Transformer": "", "Pooling": "1_Pooling", "Normalize": "2_Normalize"}
     entries = [
         {
             "idx": i,
             "name": str(i),
-            "path": ["", "1_Pooling", "2_Normalize", "3_Dense"][i],
+            "path": folders.get(kind, f"{i}_{kind}"),
             "type": f"sentence_transformers.models.{kind}",
         }
         for i, kind in enumerate(modules)
     ]
     (directory / "modules.json").write_text(json.dumps(entries))
     (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    if normalize is not None:
+        (directory / "2_Normalize").mkdir()
+        (directory / "2_Normalize" / "config.json").write_text(json.dumps(normalize))
     return directory
 
 
 MEAN = {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True}
+STACK = ["Transformer", "Pooling", "Normalize"]
 
 
 @pytest.mark.parametrize(
-    ("modules", "pooling", "expected"),
+    ("modules", "pooling", "normalize", "expected"),
     [
-        (["Transformer", "Pooling", "Normalize"], MEAN, True),
-        (["Transformer", "Pooling"], MEAN, False),
-        (["Transformer", "Pooling", "Normalize"], MEAN | {"pooling_mode_cls_token": True}, None),
-        (["Transformer", "Pooling", "Normalize"], {"pooling_mode_max_tokens": True}, None),
-        (["Transformer", "Pooling", "Normalize"], MEAN | {"include_prompt": False}, None),
-        (["Transformer", "Pooling", "Dense", "Normalize"], MEAN, None),
-        (["Transformer", "Normalize"], MEAN, None),
+        (STACK, MEAN, None, "mean+normalize"),
+        (["Transformer", "Pooling"], MEAN, None, "mean"),
+        (STACK, {"pooling_mode": "mean", "include_prompt": True}, None, "mean+normalize"),
+        (STACK, {"pooling_mode": ["mean"]}, {}, "mean+normalize"),
+        (STACK, {"pooling_mode_cls_token": False}, None, "mean+normalize"),  # none set: mean
+        (STACK, {"pooling_mode": "cls", "pooling_mode_mean_tokens": True}, None, None),
+        (STACK, {"pooling_mode": ["mean", "max"]}, None, None),
+        (STACK, MEAN | {"pooling_mode_cls_token": True}, None, None),
+        (STACK, {"pooling_mode_max_tokens": True}, None, None),
+        (STACK, MEAN | {"include_prompt": False}, None, None),
+        (STACK, MEAN, {"module_input_name": "token_embeddings"}, None),
+        (STACK, MEAN, {"module_output_name": "normalized"}, None),
+        (["Transformer", "Pooling", "Dense", "Normalize"], MEAN, None, None),
+        (["Transformer", "Normalize"], MEAN, None, None),
     ],
 )
-def test_only_mean_pooling_moves_out_of_the_graph(tmp_path, modules, pooling, expected) -> None:
-    assert pooling_of(_sentence_transformers_dir(tmp_path, modules, pooling)) is expected
+def test_only_mean_pooling_moves_out_of_the_graph(
+    tmp_path, modules, pooling, normalize, expected
+) -> None:
+    directory = _sentence_transformers_dir(tmp_path, modules, pooling, normalize)
+    assert pooling_of(directory) == expected
+
+
+def test_pooling_configs_outside_the_directory_are_not_read(tmp_path) -> None:
+    import json
+
+    directory = _sentence_transformers_dir(tmp_path, STACK, MEAN)
+    entries = json.loads((directory / "modules.json").read_text())
+    for path in ("../elsewhere", str(directory / "1_Pooling")):
+        entries[1]["path"] = path
+        (directory / "modules.json").write_text(json.dumps(entries))
+        assert pooling_of(directory) is None
+    (directory / "modules.json").write_text("not json")
+    assert pooling_of(directory) is None
 
 
 def test_the_real_encoders_stack_pools_outside() -> None:
-    assert pooling_of(default_encoder_path()) is True
+    assert pooling_of(default_encoder_path()) == "mean+normalize"
     assert pooling_of(Path("/nonexistent")) is None
+
+
+def test_mean_pool_refuses_lengths_that_do_not_fit() -> None:
+    tokens = np.ones((2, 4, 3), dtype=np.float32)
+    for lengths in ([4], [4, 4, 4], [5, 1], [-1, 2]):
+        with pytest.raises(InputError, match="need a length"):
+            mean_pool(tokens, lengths, normalize=True)
+    np.testing.assert_array_equal(mean_pool(tokens, [0, 4], normalize=True)[0], 0.0)
+
+
+def test_a_graph_ending_at_tokens_needs_a_pooling_sentdp_knows(exported, tmp_path) -> None:
+    import json
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    edited = tmp_path / "edited"
+    shutil.copytree(exported["onnx"], edited)
+    config = edited / "1_Pooling" / "config.json"
+    config.write_text(json.dumps({"pooling_mode_cls_token": True}))
+    with pytest.raises(InputError, match="does not describe a mean pooling"):
+        open_encoder(edited, "onnx")
+
+    odd = tmp_path / "odd"
+    shutil.copytree(exported["onnx"], odd)
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["input_ids"], ["something_else"], to=TensorProto.FLOAT)],
+        "odd",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "t"])],
+        [helper.make_tensor_value_info("something_else", TensorProto.FLOAT, ["b", "t"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(odd / ONNX_FILES["onnx"]))
+    with pytest.raises(InputError, match="has outputs \\['something_else'\\]"):
+        open_encoder(odd, "onnx")
+
+
+def test_the_export_keeps_pooling_inside_when_sentdp_would_pool_differently(
+    tmp_path, monkeypatch
+) -> None:
+    """A config sentdp misread must not move the pooling out of the graph: the export first
+    compares sentdp's pooling with the stack's own on an example batch."""
+    import onnx
+
+    from training import onnx_export
+
+    stack = SentenceEncoder(default_encoder_path(), "cpu")._model
+    example = stack.tokenizer(
+        ["A short one.", "A longer example sentence, with a clause."],
+        padding="max_length",
+        max_length=16,
+        return_tensors="pt",
+    )
+    assert onnx_export._pools_like_the_stack(stack, example, "mean+normalize")
+    assert not onnx_export._pools_like_the_stack(stack, example, "mean")  # unnormalized
+    assert not onnx_export._pools_like_the_stack(stack, example, None)
+
+    monkeypatch.setattr(onnx_export, "pooling_of", lambda _: "mean")  # a misreading
+    graph = tmp_path / "model.onnx"
+    onnx_export._export_float(default_encoder_path(), graph)
+    assert [o.name for o in onnx.load(str(graph)).graph.output] == [SENTENCE_OUTPUT]
+
+
+def test_an_onnx_bundle_without_a_digest_of_its_files_is_refused(exported, tmp_path) -> None:
+    directory = _onnx_bundle(exported, "onnx", tmp_path)
+    bundle = Bundle.load(directory)
+    encoder = {k: v for k, v in bundle.manifest.encoder.items() if k != "files_sha256"}
+    stripped = dataclasses.replace(
+        bundle, manifest=bundle.manifest.model_copy(update={"encoder": encoder})
+    )
+    with pytest.raises(InputError, match="records no digest of its files"):
+        stripped.check_encoder()
