@@ -395,6 +395,18 @@ class Bundle:
         if file_sha256(graph) != self.manifest.encoder.get("onnx_sha256"):
             raise InputError(f"the bundle's {backend} graph {graph} is not the one it recorded")
 
+    def check_opened_encoder(self, described: dict[str, Any]) -> None:
+        """Refuse an encoder, opened from this bundle's files, that computes embeddings
+        another way than the manifest recorded at training (its ``describe()``): the same
+        pinned files read by a different version of sentdp's pooling rules, say."""
+        for key in ("dim", "max_tokens", "pooling"):
+            recorded = self.manifest.encoder.get(key)
+            if recorded is not None and described.get(key) != recorded:
+                raise InputError(
+                    f"the bundle's encoder was trained with {key} {recorded!r} but opens "
+                    f"with {described.get(key)!r}; retrain the bundle with this sentdp"
+                )
+
     def variant(self, name: str) -> Variant:
         for variant in self.variants:
             if variant.record.name == name:

@@ -384,3 +384,20 @@ def test_an_onnx_bundle_without_a_digest_of_its_files_is_refused(exported, tmp_p
     )
     with pytest.raises(InputError, match="records no digest of its files"):
         stripped.check_encoder()
+
+
+def test_a_bundle_refuses_an_encoder_that_opens_otherwise_than_it_trained(
+    exported, tmp_path
+) -> None:
+    directory = _onnx_bundle(exported, "onnx", tmp_path)
+    bundle = Bundle.load(directory)
+    opened = open_encoder(bundle.encoder_dir, bundle.encoder_backend).describe()
+    assert bundle.manifest.encoder["pooling"] == opened["pooling"] == "mean+normalize"
+    bundle.check_opened_encoder(opened)
+    for key, other in (("pooling", "graph"), ("dim", 768), ("max_tokens", 128)):
+        encoder = bundle.manifest.encoder | {key: other}
+        changed = dataclasses.replace(
+            bundle, manifest=bundle.manifest.model_copy(update={"encoder": encoder})
+        )
+        with pytest.raises(InputError, match=f"trained with {key}"):
+            changed.check_opened_encoder(opened)
