@@ -347,6 +347,7 @@ def batch_invariance_violations(
     encoder: Encoder,
     probes: Sequence[str] = INVARIANCE_PROBES,
     batch_sizes: Sequence[int] = (2, 3, 8, 33, 64),
+    sweep_rows: int = 0,
 ) -> list[str]:
     """Where a probe's embedding inside a batch differs in any bit from the probe alone.
 
@@ -354,21 +355,30 @@ def batch_invariance_violations(
     every probe at several positions) and batches of copies of the first and of the last
     probe (one bucket); every row of every batch is compared with its probe encoded alone.
     About 2 x sum(batch_sizes) x 2 rows in all, so the worker's start-up check takes seconds.
-    An empty list means batch composition did not move any probe on this device.
+    With ``sweep_rows``, also batches of 1, 2, ..., ``sweep_rows`` copies of the first
+    probe: every row count a pass of that bucket can have when the encoder's passes hold at
+    most ``sweep_rows`` rows (kernels that change with the row count, as ONNX Runtime's
+    pooling did, showed at some counts and not at others). An empty list means batch
+    composition did not move any probe on this device.
     """
     alone = [encoder.encode([probe])[0] for probe in probes]
     n = len(probes)
     found = []
+    sweep = [("swept", [0] * rows) for rows in range(1, sweep_rows + 1)]
     for size in batch_sizes:
         layouts = [("mixed", [(i + shift) % n for i in range(size)]) for shift in (0, n // 2)] + [
             ("same", [index] * size) for index in sorted({0, n - 1})
         ]
+        if size == batch_sizes[0]:
+            layouts += sweep
         for name, order in layouts:
             rows = encoder.encode([probes[index] for index in order])
             for position, (index, row) in enumerate(zip(order, rows, strict=True)):
                 if not np.array_equal(row, alone[index]):
                     delta = float(np.abs(row - alone[index]).max())
-                    found.append(f"probe {index}, {name} batch of {size} at {position}: {delta:g}")
+                    found.append(
+                        f"probe {index}, {name} batch of {len(order)} at {position}: {delta:g}"
+                    )
     return found
 
 

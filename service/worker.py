@@ -158,12 +158,12 @@ class Worker:
         still fails, on the CPU. Some CPUs' kernels also vary with the batch's row count
         (seen with AVX-512), so the CPU is checked too. Returns the mode, which the log
         states."""
-        from sentdp.encoders import batch_invariance_violations, use_deterministic_kernels
+        from sentdp.encoders import use_deterministic_kernels
 
         device = self.encoder.device
         cuda = device.startswith("cuda")
         kind = "cuda" if cuda else "cpu"
-        violations = batch_invariance_violations(self.encoder)
+        violations = self._violations()
         mode = kind
         if violations:
             mode = f"{kind}-fixed-batch"
@@ -171,14 +171,14 @@ class Worker:
                 if cuda:
                     use_deterministic_kernels()
                 self.encoder = self._reopen(device)
-                violations = batch_invariance_violations(self.encoder)
+                violations = self._violations()
             except Exception:
                 logs.logger.exception("deterministic encoding failed")
                 violations = ["deterministic kernels unavailable"]
         if violations and cuda:
             mode = "cpu-fallback"
             self.encoder = self._reopen("cpu")
-            violations = batch_invariance_violations(self.encoder)
+            violations = self._violations()
         if violations:  # fail closed: batching would let one sentence move another's embedding
             logs.log_event("encoder_not_batch_invariant", logging.ERROR, device=device, mode=mode)
             raise RuntimeError(
@@ -188,6 +188,13 @@ class Worker:
         level = logging.WARNING if mode not in ("cuda", "cpu") else logging.INFO
         logs.log_event("encoder_batch_invariance", level, device=device, mode=mode)
         return mode
+
+    def _violations(self) -> list[str]:
+        """The start-up check on the encoder as it will serve, with every row count a pass
+        can have swept in one bucket."""
+        from sentdp.encoders import batch_invariance_violations
+
+        return batch_invariance_violations(self.encoder, sweep_rows=self.encoder.batch_size)
 
     def _reopen(self, device: str) -> Any:
         """The bundle's encoder again, on ``device``, in fixed-shape batches (small ones on

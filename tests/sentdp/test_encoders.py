@@ -148,3 +148,22 @@ def test_each_owner_s_repeated_sentence_is_encoded_once_and_bit_identically(enco
     assert asked == [[rose, fell, rose]]  # once per owner
     np.testing.assert_array_equal(got, encoder.encode([s for _, s in keyed]))
     assert encode_once(Spy(), []).shape == (0, encoder.dim)  # type: ignore[arg-type]
+
+
+class _MovesAtFiveRows:
+    """An encoder whose kernels change at one row count only, as ONNX Runtime's pooling did."""
+
+    device, dim, max_tokens, batch_size, fixed_batch = "cpu", 4, 16, 8, False
+
+    def encode(self, sentences):  # type: ignore[no-untyped-def]
+        out = np.array([[len(s), s.count("e"), 1.0, 2.0] for s in sentences], dtype=np.float32)
+        return out + np.float32(1e-6) if len(sentences) == 5 else out
+
+
+def test_the_start_up_check_sweeps_every_row_count_a_pass_can_have() -> None:
+    encoder = _MovesAtFiveRows()
+    assert batch_invariance_violations(encoder) == []  # 2, 3, 8, 33 and 64 rows miss it
+    found = batch_invariance_violations(encoder, sweep_rows=encoder.batch_size)
+    assert found
+    assert all(line.startswith("probe 0, swept batch of 5 at") for line in found)
+    assert batch_invariance_violations(encoder, sweep_rows=4) == []
