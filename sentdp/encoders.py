@@ -348,6 +348,7 @@ def batch_invariance_violations(
     probes: Sequence[str] = INVARIANCE_PROBES,
     batch_sizes: Sequence[int] = (2, 3, 8, 33, 64),
     sweep_rows: int = 0,
+    first_only: bool = False,
 ) -> list[str]:
     """Where a probe's embedding inside a batch differs in any bit from the probe alone.
 
@@ -358,8 +359,9 @@ def batch_invariance_violations(
     With ``sweep_rows``, also batches of 1, 2, ..., ``sweep_rows`` copies of the first
     probe: every row count a pass of that bucket can have when the encoder's passes hold at
     most ``sweep_rows`` rows (kernels that change with the row count, as ONNX Runtime's
-    pooling did, showed at some counts and not at others). An empty list means batch
-    composition did not move any probe on this device.
+    pooling did, showed at some counts and not at others). With ``first_only``, stop after
+    the first batch that moves a probe. An empty list means batch composition did not move
+    any probe on this device.
     """
     alone = [encoder.encode([probe])[0] for probe in probes]
     n = len(probes)
@@ -379,6 +381,8 @@ def batch_invariance_violations(
                     found.append(
                         f"probe {index}, {name} batch of {len(order)} at {position}: {delta:g}"
                     )
+            if found and first_only:
+                return found
     return found
 
 

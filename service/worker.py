@@ -191,10 +191,12 @@ class Worker:
 
     def _violations(self) -> list[str]:
         """The start-up check on the encoder as it will serve, with every row count a pass
-        can have swept in one bucket."""
+        can have swept in one bucket; it stops at the first batch that moves a probe."""
         from sentdp.encoders import batch_invariance_violations
 
-        return batch_invariance_violations(self.encoder, sweep_rows=self.encoder.batch_size)
+        return batch_invariance_violations(
+            self.encoder, sweep_rows=self.encoder.batch_size, first_only=True
+        )
 
     def _reopen(self, device: str) -> Any:
         """The bundle's encoder again, on ``device``, in fixed-shape batches (small ones on

@@ -167,3 +167,10 @@ def test_the_start_up_check_sweeps_every_row_count_a_pass_can_have() -> None:
     assert found
     assert all(line.startswith("probe 0, swept batch of 5 at") for line in found)
     assert batch_invariance_violations(encoder, sweep_rows=4) == []
+    first = batch_invariance_violations(encoder, sweep_rows=8, first_only=True)
+    assert first == found  # one batch of five moved all five rows, and the check stopped there
+    assert len(batch_invariance_violations(encoder, sweep_rows=8, batch_sizes=(2, 5))) > 5
+    stopped = batch_invariance_violations(
+        encoder, sweep_rows=8, batch_sizes=(2, 5), first_only=True
+    )
+    assert len(stopped) == 5
