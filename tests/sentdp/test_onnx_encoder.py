@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sentdp import onnx_encoder
 from sentdp.bundle import Bundle
 from sentdp.encoders import (
     INVARIANCE_PROBES,
@@ -23,14 +24,7 @@ from sentdp.encoders import (
     open_encoder,
 )
 from sentdp.errors import InputError
-from sentdp.onnx_encoder import (
-    ONNX_FILES,
-    SENTENCE_OUTPUT,
-    UNPOOLED_OUTPUT,
-    OnnxSentenceEncoder,
-    mean_pool,
-    pooling_of,
-)
+from sentdp.onnx_encoder import ONNX_FILES, SENTENCE_OUTPUT, UNPOOLED_OUTPUT, OnnxSentenceEncoder
 from tests.service.fakes import tiny_bundle
 
 CALIBRATION = [
@@ -210,18 +204,18 @@ def test_mean_pool_reads_only_its_own_rows_tokens() -> None:
     rng = np.random.default_rng(7)
     tokens = rng.standard_normal((6, 16, 5)).astype(np.float32)
     lengths = [16, 3, 1, 9, 16, 2]
-    together = mean_pool(tokens, lengths, normalize=True)
+    together = onnx_encoder.mean_pool(tokens, lengths, normalize=True)
     for row, length in enumerate(lengths):
         garbage = rng.standard_normal((4, 16, 5)).astype(np.float32) * 1e6
         garbage[2] = tokens[row]
         garbage[2, length:] = 1e9  # padding positions are never read
-        alone = mean_pool(tokens[row : row + 1], [length], normalize=True)[0]
-        crowd = mean_pool(garbage, [16, 16, length, 16], normalize=True)[2]
+        alone = onnx_encoder.mean_pool(tokens[row : row + 1], [length], normalize=True)[0]
+        crowd = onnx_encoder.mean_pool(garbage, [16, 16, length, 16], normalize=True)[2]
         np.testing.assert_array_equal(together[row], alone)
         np.testing.assert_array_equal(crowd, alone)
         expected = tokens[row, :length].astype(np.float64).mean(axis=0)
         np.testing.assert_allclose(alone, expected / np.linalg.norm(expected), rtol=1e-5)
-    unnormalized = mean_pool(tokens, lengths, normalize=False)
+    unnormalized = onnx_encoder.mean_pool(tokens, lengths, normalize=False)
     np.testing.assert_allclose(unnormalized[1], tokens[1, :3].mean(axis=0), rtol=1e-6)
 
 
@@ -293,7 +287,7 @@ def test_only_mean_pooling_moves_out_of_the_graph(
     tmp_path, modules, pooling, normalize, expected
 ) -> None:
     directory = _sentence_transformers_dir(tmp_path, modules, pooling, normalize)
-    assert pooling_of(directory) == expected
+    assert onnx_encoder.pooling_of(directory) == expected
 
 
 def test_pooling_configs_outside_the_directory_are_not_read(tmp_path) -> None:
@@ -304,22 +298,22 @@ def test_pooling_configs_outside_the_directory_are_not_read(tmp_path) -> None:
     for path in ("../elsewhere", str(directory / "1_Pooling")):
         entries[1]["path"] = path
         (directory / "modules.json").write_text(json.dumps(entries))
-        assert pooling_of(directory) is None
+        assert onnx_encoder.pooling_of(directory) is None
     (directory / "modules.json").write_text("not json")
-    assert pooling_of(directory) is None
+    assert onnx_encoder.pooling_of(directory) is None
 
 
 def test_the_real_encoders_stack_pools_outside() -> None:
-    assert pooling_of(default_encoder_path()) == "mean+normalize"
-    assert pooling_of(Path("/nonexistent")) is None
+    assert onnx_encoder.pooling_of(default_encoder_path()) == "mean+normalize"
+    assert onnx_encoder.pooling_of(Path("/nonexistent")) is None
 
 
 def test_mean_pool_refuses_lengths_that_do_not_fit() -> None:
     tokens = np.ones((2, 4, 3), dtype=np.float32)
     for lengths in ([4], [4, 4, 4], [5, 1], [-1, 2]):
         with pytest.raises(InputError, match="need a length"):
-            mean_pool(tokens, lengths, normalize=True)
-    np.testing.assert_array_equal(mean_pool(tokens, [0, 4], normalize=True)[0], 0.0)
+            onnx_encoder.mean_pool(tokens, lengths, normalize=True)
+    np.testing.assert_array_equal(onnx_encoder.mean_pool(tokens, [0, 4], normalize=True)[0], 0.0)
 
 
 def test_a_graph_ending_at_tokens_needs_a_pooling_sentdp_knows(exported, tmp_path) -> None:
