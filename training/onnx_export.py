@@ -10,11 +10,19 @@ optionally normalized) is traced whole, pooling included, as every graph was bef
 
 int8 uses *static* quantization: the scales of the activations are calibrated once, on
 public sentences, and fixed in the graph, so a row's result cannot depend on its batch
-(dynamic quantization scales each batch by its own range and breaks that). Quantized: the
-products with a weight matrix except the feed-forward down-projections (weights with more
-inputs than outputs), whose inputs, after the GELU, have outliers that a per-tensor int8
-scale cannot hold (quantizing them too took the embeddings' mean cosine to the float ones
-from 0.995 to 0.93 on BBC News sentences, measured).
+(dynamic quantization scales each batch by its own range and breaks that). Every product
+with a weight matrix is quantized (int8 weights per output channel, uint8 activations per
+tensor) and keeps a float output (ONNX Runtime's ``MatMulIntegerToFloat``): quantizing the
+outputs too put the residual stream's outliers through a per-tensor scale. The products'
+inputs have outlier channels a per-tensor scale cannot hold either (most of all the
+feed-forward down-projections', after the GELU), so before quantizing each product is
+*smoothed* (SmoothQuant, Xiao et al. 2023): input channel j is divided by
+``s_j = max|x_j| ** alpha / max|w_j| ** (1 - alpha)`` (maxima over the calibration sentences
+and the weight's row j) and the weight's row j multiplied by it: the same float function,
+with the outliers moved into the weights. Measured on 2,000 BBC News sentences (cosine to
+the float embeddings, mean / 1st percentile / minimum): 0.994 / 0.989 / 0.977 with the
+down-projections left float (the export before), 0.990 / 0.983 / 0.963 smoothing only the
+down-projections, 0.998 / 0.996 / 0.989 smoothing every product (now).
 """
 
 from __future__ import annotations
@@ -41,11 +49,16 @@ from sentdp.onnx_encoder import (
     pooling_of,
 )
 
-EXPORT_FORMAT = 2
-"""Bumped when the exported graph changes for the same encoder files (2: pooling outside),
-so the export cache never hands back a graph of an older kind."""
+EXPORT_FORMAT = 4
+"""Bumped when the exported graph changes for the same encoder files (2: pooling outside;
+4: int8 quantizes every weight product, each smoothed), so the export cache never hands
+back a graph of an older kind."""
 POOLING_TOLERANCE = 1e-5
 """How far sentdp's pooling may be from the stack's own on the export's example batch."""
+SMOOTH_ALPHA = 0.75
+"""How much of a product input's outliers move into its weight (SmoothQuant's alpha; with
+every product smoothed, 0.75 gave a mean cosine to the float embeddings of 0.998 and 0.5 of
+0.983 on BBC News sentences)."""
 CALIBRATION_SENTENCES = 512
 CALIBRATION_BATCH = 16
 OPSET = 17
@@ -184,14 +197,8 @@ def _quantize(float_graph: Path, work: Path, calibration: Sequence[str]) -> None
     quant_pre_process(str(float_graph), str(prepared), skip_symbolic_shape=True)
     model = onnx.load(str(prepared))
     weights = {init.name: init for init in model.graph.initializer}
-    chosen = []
-    for node in model.graph.node:
-        if node.op_type != "MatMul":
-            continue
-        weight = next((weights[name] for name in node.input if name in weights), None)
-        if weight is not None and len(weight.dims) == 2 and weight.dims[0] <= weight.dims[1]:
-            chosen.append(node.name)
-    if not chosen:
+    products = [node for node in model.graph.node if _weight_of(node, weights) is not None]
+    if not products:
         raise InputError("the encoder's graph has no weight products to quantize")
 
     floats = OnnxSentenceEncoder(work, "onnx", batch_size=CALIBRATION_BATCH)
@@ -202,6 +209,8 @@ def _quantize(float_graph: Path, work: Path, calibration: Sequence[str]) -> None
         rows = floats._ids(texts[start : start + CALIBRATION_BATCH])
         length = next(b for b in buckets if b >= max(len(r) for r in rows))
         feeds.append(floats._pad(rows, length))
+    _smooth(model, products, weights, _input_maxima(prepared, products, feeds))
+    onnx.save(model, str(prepared))
 
     class Reader(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -214,12 +223,67 @@ def _quantize(float_graph: Path, work: Path, calibration: Sequence[str]) -> None
         str(prepared),
         str(work / ONNX_FILES["onnx-int8"]),
         Reader(),
-        quant_format=QuantFormat.QOperator,
+        quant_format=QuantFormat.QDQ,
         op_types_to_quantize=["MatMul"],
-        nodes_to_quantize=chosen,
+        nodes_to_quantize=[node.name for node in products],
         activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8,
         per_channel=True,
         calibrate_method=CalibrationMethod.MinMax,
+        extra_options={"OpTypesToExcludeOutputQuantization": ["MatMul"]},
     )
     prepared.unlink()
+
+
+def _weight_of(node: Any, weights: dict[str, Any]) -> Any:
+    """The 2-d weight matrix a MatMul node multiplies by, or None (not a weight product)."""
+    if node.op_type != "MatMul":
+        return None
+    weight = weights.get(node.input[1])
+    return weight if weight is not None and len(weight.dims) == 2 else None
+
+
+def _input_maxima(graph: Path, nodes: Sequence[Any], feeds: Sequence[Any]) -> list[np.ndarray]:
+    """Per input channel, the largest |activation| entering each node over the feeds."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    model = onnx.load(str(graph))
+    names = [node.input[0] for node in nodes]
+    model.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in names)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    maxima: list[np.ndarray] = [np.zeros(0)] * len(nodes)
+    for feed in feeds:
+        for index, values in enumerate(session.run(names, feed)):
+            channel = np.abs(values).reshape(-1, values.shape[-1]).max(axis=0)
+            maxima[index] = (
+                channel if maxima[index].size == 0 else np.maximum(maxima[index], channel)
+            )
+    return maxima
+
+
+def _smooth(
+    model: Any, nodes: Sequence[Any], weights: dict[str, Any], maxima: Sequence[np.ndarray]
+) -> None:
+    """SmoothQuant each node: x W = (x / s) (s W), s per input channel, in place."""
+    from onnx import helper, numpy_helper
+
+    for node, x_max in zip(nodes, maxima, strict=True):
+        weight = weights[node.input[1]]
+        w = numpy_helper.to_array(weight).astype(np.float32)
+        w_max = np.abs(w).max(axis=1)
+        scale = np.maximum(x_max, 1e-5) ** SMOOTH_ALPHA / np.maximum(w_max, 1e-5) ** (
+            1 - SMOOTH_ALPHA
+        )
+        scale = scale.astype(np.float32)
+        weight.CopyFrom(numpy_helper.from_array(w * scale[:, None], weight.name))
+        inverse = f"{node.name}_smooth_inverse"
+        model.graph.initializer.append(numpy_helper.from_array(1 / scale, inverse))
+        smoothed = f"{node.input[0]}_smoothed_for_{node.name}"
+        position = list(model.graph.node).index(node)
+        mul = helper.make_node(
+            "Mul", [node.input[0], inverse], [smoothed], name=f"{node.name}_smooth"
+        )
+        model.graph.node.insert(position, mul)
+        node.input[0] = smoothed
