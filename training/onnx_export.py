@@ -130,12 +130,7 @@ def _export_float(source: Path, graph: Path, pool_inside: bool | None = None) ->
             self.stack = module
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            features = {
-                "input_ids": input_ids,
-                "attention_mask": attention_mask,
-                "token_type_ids": torch.zeros_like(input_ids),
-            }
-            embedding: torch.Tensor = self.stack(features)[output]
+            embedding: torch.Tensor = self.stack(_features(input_ids, attention_mask))[output]
             return embedding
 
     axes = {0: "batch", 1: "tokens"}
@@ -160,6 +155,17 @@ def _export_float(source: Path, graph: Path, pool_inside: bool | None = None) ->
         )
 
 
+def _features(input_ids: Any, attention_mask: Any) -> dict[str, Any]:
+    """The features dict the sentence-transformers stack reads (a fresh one: it writes to it)."""
+    import torch
+
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": torch.zeros_like(input_ids),
+    }
+
+
 def _pools_like_the_stack(stack: Any, example: Any, pooling: str | None) -> bool:
     """Whether :func:`~sentdp.onnx_encoder.mean_pool` with ``pooling`` after the stack's
     transformer gives the stack's own sentence embeddings (within float rounding) on the
@@ -169,14 +175,10 @@ def _pools_like_the_stack(stack: Any, example: Any, pooling: str | None) -> bool
 
     if pooling is None:
         return False
-    features = {
-        "input_ids": example["input_ids"],
-        "attention_mask": example["attention_mask"],
-        "token_type_ids": torch.zeros_like(example["input_ids"]),
-    }
+    ids, mask = example["input_ids"], example["attention_mask"]
     with torch.no_grad():
-        whole = stack(dict(features))["sentence_embedding"].numpy()
-        tokens = stack[0](dict(features))["token_embeddings"].numpy()
+        whole = stack(_features(ids, mask))["sentence_embedding"].numpy()
+        tokens = stack[0](_features(ids, mask))["token_embeddings"].numpy()
     lengths = example["attention_mask"].sum(dim=1).tolist()
     pooled = mean_pool(tokens, lengths, normalize=pooling == "mean+normalize")
     return bool(np.abs(pooled - whole).max() < POOLING_TOLERANCE)
