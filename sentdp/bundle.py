@@ -395,16 +395,22 @@ class Bundle:
         if file_sha256(graph) != self.manifest.encoder.get("onnx_sha256"):
             raise InputError(f"the bundle's {backend} graph {graph} is not the one it recorded")
 
-    def check_opened_encoder(self, described: dict[str, Any]) -> None:
+    def check_opened_encoder(self, encoder: Any) -> None:
         """Refuse an encoder, opened from this bundle's files, that computes embeddings
-        another way than the manifest recorded at training (its ``describe()``): the same
-        pinned files read by a different version of sentdp's pooling rules, say."""
-        for key in ("dim", "max_tokens", "pooling"):
+        another way than the manifest recorded at training (what its ``describe()`` said):
+        the same pinned files read by a different version of sentdp's pooling rules, say.
+        Reads the encoder's attributes, so the graph is not hashed a second time."""
+        opened = {
+            "dim": encoder.dim,
+            "max_tokens": encoder.max_tokens,
+            "pooling": getattr(encoder, "pooling_record", None),
+        }
+        for key, value in opened.items():
             recorded = self.manifest.encoder.get(key)
-            if recorded is not None and described.get(key) != recorded:
+            if recorded is not None and value != recorded:
                 raise InputError(
                     f"the bundle's encoder was trained with {key} {recorded!r} but opens "
-                    f"with {described.get(key)!r}; retrain the bundle with this sentdp"
+                    f"with {value!r}; retrain the bundle with this sentdp"
                 )
 
     def variant(self, name: str) -> Variant:

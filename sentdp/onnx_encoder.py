@@ -230,8 +230,13 @@ class OnnxSentenceEncoder:
             "length_buckets": self._buckets,
             "backend": self.backend,
             "onnx_sha256": file_sha256(self.model_file),
-            "pooling": self.pooling or "graph",
+            "pooling": self.pooling_record,
         }
+
+    @property
+    def pooling_record(self) -> str:
+        """The pooling as a manifest records it: "graph" for a graph that pools inside."""
+        return self.pooling or "graph"
 
     def _ids(self, sentences: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self._tokenizer.encode_batch(list(sentences))]

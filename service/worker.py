@@ -127,7 +127,7 @@ class Worker:
             settings.encoder_rows(device),
             threads=settings.worker_threads,
         )
-        self.bundle.check_opened_encoder(self.encoder.describe())
+        self.bundle.check_opened_encoder(self.encoder)
         self.encoder_mode = self._batch_invariant_encoder()
         depth_device = self.encoder.device if self.encoder.device.startswith("cuda") else None
         self.mechanisms = {

@@ -385,8 +385,8 @@ def test_a_bundle_refuses_an_encoder_that_opens_otherwise_than_it_trained(
 ) -> None:
     directory = _onnx_bundle(exported, "onnx", tmp_path)
     bundle = Bundle.load(directory)
-    opened = open_encoder(bundle.encoder_dir, bundle.encoder_backend).describe()
-    assert bundle.manifest.encoder["pooling"] == opened["pooling"] == "mean+normalize"
+    opened = open_encoder(bundle.encoder_dir, bundle.encoder_backend)
+    assert bundle.manifest.encoder["pooling"] == opened.describe()["pooling"] == "mean+normalize"
     bundle.check_opened_encoder(opened)
     for key, other in (("pooling", "graph"), ("dim", 768), ("max_tokens", 128)):
         encoder = bundle.manifest.encoder | {key: other}
