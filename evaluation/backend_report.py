@@ -1,4 +1,4 @@
-"""One table of test macro-F1 per encoder backend, from one ``sentdp-eval`` report per backend.
+"""One table of test macro-F1 per encoder backend, from ``sentdp-eval`` reports per backend.
 
     python -m evaluation.backend_report torch=reports/bbc-news/backend-torch \\
         onnx=reports/bbc-news/backend-onnx onnx-int8=reports/bbc-news/backend-onnx-int8 \\
@@ -7,12 +7,21 @@
 The first backend is the reference: every other row says how far it is from it, so a user
 sees what a faster backend costs. Methods are matched by kind (DeepCandidate's embedding,
 SentenceVote, the label /classify serves, the non-private classifier), not by model name.
+
+A backend may name several report folders, comma-separated (``torch=s0-torch,s1-torch``): one
+bundle per training seed, paired by position with the reference's folders (the same seed,
+hence the same split). Retraining alone moves DeepCandidate by a few hundredths, so one pair
+cannot tell a backend's cost from that noise; with several, each cell is the mean over seeds
+and the bracket the mean paired difference with its standard error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,54 +38,113 @@ def method_scores(results: dict[str, Any]) -> dict[str, dict[float, float]]:
     return scores
 
 
-def render(reports: dict[str, dict[str, Any]]) -> str:
-    """Markdown: for each method kind, one row per backend, one column per epsilon."""
-    first = next(iter(reports.values()))
+def _cell(values: Sequence[float], differences: Sequence[float] | None) -> str:
+    """Mean over seeds; with a reference, the mean paired difference (± its standard error
+    when there are several seeds)."""
+    text = f"{statistics.fmean(values):.3f}"
+    if differences is None:
+        return text
+    mean = statistics.fmean(differences)
+    if len(differences) < 2:
+        return f"{text} ({mean:+.3f})"
+    error = statistics.stdev(differences) / math.sqrt(len(differences))
+    return f"{text} ({mean:+.3f} ± {error:.3f})"
+
+
+def _check_pairs(runs: Mapping[str, Sequence[dict[str, Any]]]) -> None:
+    """Every backend has one report per reference report, each on the same test split."""
+    reference, base_runs = next(iter(runs.items()))
+    for backend, results in runs.items():
+        if len(results) != len(base_runs):
+            raise ValueError(
+                f"{backend} has {len(results)} reports, {reference} has {len(base_runs)}"
+            )
+        for own, base in zip(results, base_runs, strict=True):
+            if (own["corpus"], own["test_documents"]) != (base["corpus"], base["test_documents"]):
+                raise ValueError(
+                    f"{backend}'s report {own['command']!r} is not on {reference}'s test split"
+                )
+
+
+def _row(
+    kind: str,
+    per_seed: Sequence[dict[str, dict[float, float]]],
+    bases: Sequence[dict[str, dict[float, float]]] | None,
+    epsilons: Sequence[float],
+) -> list[str]:
+    """The cells of one method kind for one backend (``bases``: the reference's scores, or
+    None for the reference itself)."""
+    cells = []
+    for e in epsilons:
+        values = [scores[kind].get(e) for scores in per_seed]
+        if any(v is None for v in values):
+            cells.append("-")
+            continue
+        known = [float(v) for v in values if v is not None]
+        base = [scores.get(kind, {}).get(e) for scores in bases] if bases is not None else []
+        reference = [float(b) for b in base if b is not None]
+        if len(reference) != len(known):  # the reference itself, or a method it lacks
+            cells.append(_cell(known, None))
+        else:
+            cells.append(_cell(known, [v - b for v, b in zip(known, reference, strict=True)]))
+    return cells
+
+
+def render(reports: Mapping[str, dict[str, Any] | Sequence[dict[str, Any]]]) -> str:
+    """Markdown: for each method kind, one row per backend, one column per epsilon. Each
+    backend gives one results.json or a list of them (one per seed, paired by position)."""
+    runs = {b: [r] if isinstance(r, dict) else list(r) for b, r in reports.items()}
+    _check_pairs(runs)
+    reference = next(iter(runs))
+    seeds = len(runs[reference])
+    first = runs[reference][0]
     epsilons = [float(e) for e in first["epsilons"]]
-    scored = {backend: method_scores(results) for backend, results in reports.items()}
-    reference = next(iter(scored))
-    head = "| method | backend | " + " | ".join(f"ε={e:g}" for e in epsilons) + " |"
+    scored = {b: [method_scores(r) for r in results] for b, results in runs.items()}
+    if seeds == 1:
+        summary = f"in brackets, the difference from {reference}"
+    else:
+        summary = (
+            f"each cell the mean over {seeds} bundles per backend (one per training seed, "
+            f"paired by seed); in brackets, the mean paired difference from {reference} ± its "
+            "standard error"
+        )
     lines = [
         f"# Test macro-F1 per encoder backend: {first['corpus']}",
         "",
-        f"{first['test_documents']} test documents, {first['trials']} trials (mean); in "
-        f"brackets, the difference from {reference}. Commands: "
-        + "; ".join(f"`{r['command']}`" for r in reports.values()),
+        f"{first['test_documents']} test documents, {first['trials']} trials (mean); {summary}. "
+        "Commands: " + "; ".join(f"`{r['command']}`" for results in runs.values() for r in results),
         "",
-        head,
+        "| method | backend | " + " | ".join(f"ε={e:g}" for e in epsilons) + " |",
         "|" + "---|" * (len(epsilons) + 2),
     ]
     for kind in KINDS:
-        for backend, scores in scored.items():
-            if kind not in scores:
-                continue
-            cells = []
-            for e in epsilons:
-                value = scores[kind].get(e)
-                base = scored[reference].get(kind, {}).get(e)
-                if value is None:
-                    cells.append("-")
-                elif backend == reference or base is None:
-                    cells.append(f"{value:.3f}")
-                else:
-                    cells.append(f"{value:.3f} ({value - base:+.3f})")
-            lines.append(f"| {kind} | {backend} | " + " | ".join(cells) + " |")
+        for backend, per_seed in scored.items():
+            if all(kind in scores for scores in per_seed):
+                bases = None if backend == reference else scored[reference]
+                cells = _row(kind, per_seed, bases, epsilons)
+                lines.append(f"| {kind} | {backend} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("reports", nargs="+", metavar="BACKEND=FOLDER")
+    parser.add_argument("reports", nargs="+", metavar="BACKEND=FOLDER[,FOLDER...]")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    reports = {}
+    reports: dict[str, list[dict[str, Any]]] = {}
     for spec in args.reports:
-        backend, _, folder = spec.partition("=")
-        if not folder:
-            parser.error(f"expected BACKEND=FOLDER, got {spec!r}")
-        reports[backend] = json.loads((Path(folder) / "results.json").read_text())
-    args.out.write_text(render(reports))
-    print(args.out.read_text())
+        backend, _, folders = spec.partition("=")
+        if not folders:
+            parser.error(f"expected BACKEND=FOLDER[,FOLDER...], got {spec!r}")
+        reports[backend] = [
+            json.loads((Path(folder) / "results.json").read_text()) for folder in folders.split(",")
+        ]
+    try:
+        table = render(reports)
+    except ValueError as error:
+        parser.error(str(error))
+    args.out.write_text(table)
+    print(table)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
 from evaluation.backend_report import render
 
 
@@ -30,3 +35,43 @@ def test_rows_per_backend_with_differences_from_the_reference() -> None:
     assert "| nonprivate | onnx-int8 | 0.880 (-0.020) | 0.980 (-0.020) |" in table
     assert "random_guess" not in table
     assert "`sentdp-eval --model a-int8`" in table
+
+
+def test_several_seeds_give_means_and_the_paired_difference_with_its_error() -> None:
+    torch = [results("s0-torch", 0.0), results("s1-torch", 0.1)]
+    int8 = [results("s0-int8", 0.01), results("s1-int8", 0.07)]  # differences +0.01, -0.03
+    table = render({"torch": torch, "onnx-int8": int8})
+    # int8 means 0.540 / 0.640; paired differences mean -0.010, sd 0.0283, error 0.020
+    assert "| deepcandidate | torch | 0.550 | 0.650 |" in table
+    assert (
+        "| deepcandidate | onnx-int8 | 0.540 (-0.010 ± 0.020) | 0.640 (-0.010 ± 0.020) |" in table
+    )
+    assert "mean over 2 bundles per backend" in table
+    assert "`sentdp-eval --model s1-int8`" in table
+
+
+def test_reports_that_cannot_be_paired_are_refused() -> None:
+    with pytest.raises(ValueError, match="has 1 reports"):
+        render({"torch": [results("a", 0.0), results("b", 0.0)], "onnx": [results("c", 0.0)]})
+    other_split = results("c", 0.0) | {"test_documents": 300}
+    with pytest.raises(ValueError, match="not on torch's test split"):
+        render({"torch": [results("a", 0.0)], "onnx": [other_split]})
+
+
+def test_the_readme_shows_the_committed_five_seed_table() -> None:
+    root = Path(__file__).resolve().parents[2]
+    folder = root / "reports" / "bbc-news" / "backend-seeds"
+    runs = {
+        backend: [
+            json.loads((folder / f"seed{seed}-{backend}" / "results.json").read_text())
+            for seed in range(5)
+        ]
+        for backend in ("torch", "onnx-int8")
+    }
+    table = render(runs)
+    assert table == (root / "reports" / "bbc-news" / "backends-seeds.md").read_text()
+    readme = (root / "README.md").read_text()
+    shown = [row for row in table.splitlines() if row.startswith(("| deepcandidate", "| classify"))]
+    assert len(shown) == 4
+    for row in shown:
+        assert row in readme
