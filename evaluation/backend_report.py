@@ -126,6 +126,18 @@ def render(reports: Mapping[str, dict[str, Any] | Sequence[dict[str, Any]]]) -> 
     return "\n".join(lines) + "\n"
 
 
+def _read(folder: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """A ``sentdp-eval`` folder's results.json, or a usage error that names it."""
+    path = folder / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        parser.error(f"cannot read {path}: {error}")
+    if not isinstance(results, dict) or "eps_sweep" not in results:
+        parser.error(f"{path} is not a sentdp-eval results.json")
+    return results
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", metavar="BACKEND=FOLDER[,FOLDER...]")
@@ -136,13 +148,11 @@ def main(argv: list[str] | None = None) -> None:
         backend, _, folders = spec.partition("=")
         if not folders:
             parser.error(f"expected BACKEND=FOLDER[,FOLDER...], got {spec!r}")
-        reports[backend] = [
-            json.loads((Path(folder) / "results.json").read_text()) for folder in folders.split(",")
-        ]
+        reports[backend] = [_read(Path(folder), parser) for folder in folders.split(",")]
     try:
         table = render(reports)
-    except ValueError as error:
-        parser.error(str(error))
+    except (ValueError, KeyError, TypeError) as error:
+        parser.error(f"cannot tabulate these reports: {error}")
     args.out.write_text(table)
     print(table)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.backend_report import render
+from evaluation.backend_report import main, render
 
 
 def results(model: str, shift: float) -> dict[str, object]:
@@ -75,3 +75,17 @@ def test_the_readme_shows_the_committed_five_seed_table() -> None:
     assert len(shown) == 4
     for row in shown:
         assert row in readme
+
+
+def test_the_command_line_names_a_bad_folder_instead_of_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "results.json").write_text("[1, 2]")
+    for folder, message in (("empty", "cannot read"), ("other", "is not a sentdp-eval")):
+        with pytest.raises(SystemExit) as stopped:
+            main([f"torch={tmp_path / folder}", "--out", str(tmp_path / "table.md")])
+        assert stopped.value.code == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "table.md").exists()
