@@ -52,7 +52,8 @@ def _cell(values: Sequence[float], differences: Sequence[float] | None) -> str:
 
 
 def _check_pairs(runs: Mapping[str, Sequence[dict[str, Any]]]) -> None:
-    """Every backend has one report per reference report, each on the same test split."""
+    """Every backend has one report per reference report, each on the same test split
+    (:func:`_same_split`)."""
     reference, base_runs = next(iter(runs.items()))
     for backend, results in runs.items():
         if len(results) != len(base_runs):
@@ -60,10 +61,19 @@ def _check_pairs(runs: Mapping[str, Sequence[dict[str, Any]]]) -> None:
                 f"{backend} has {len(results)} reports, {reference} has {len(base_runs)}"
             )
         for own, base in zip(results, base_runs, strict=True):
-            if (own["corpus"], own["test_documents"]) != (base["corpus"], base["test_documents"]):
+            if not _same_split(own, base):
                 raise ValueError(
                     f"{backend}'s report {own['command']!r} is not on {reference}'s test split"
                 )
+
+
+def _same_split(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Same corpus and test-set size, and the same split seed where both reports record it
+    (reports written before ``split_seed`` existed are paired by the caller's order alone)."""
+    if (one["corpus"], one["test_documents"]) != (other["corpus"], other["test_documents"]):
+        return False
+    seeds = (one.get("split_seed"), other.get("split_seed"))
+    return None in seeds or seeds[0] == seeds[1]
 
 
 def _row(

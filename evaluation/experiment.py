@@ -136,6 +136,7 @@ def run_evaluation(
         k_sweep=run.k_sweep(),
         seconds=time.perf_counter() - started,
         on_mdp_documents=paired,
+        split_seed=run.splits.seed,
     )
 
 

@@ -174,6 +174,9 @@ class EvaluationResults:
     on_mdp_documents: PairedSweep | None = None
     """Every method on word-level metric DP's documents (absent without that baseline, and
     from older files)."""
+    split_seed: int | None = None
+    """The seed of the corpus's train/validation/test split the bundles were scored on
+    (absent from older files)."""
 
     def __post_init__(self) -> None:
         if set(self.eps_sweep) != set(self.methods):
@@ -203,6 +206,8 @@ class EvaluationResults:
             data["command"] = self.command
         if self.on_mdp_documents is not None:
             data["on_mdp_documents"] = self.on_mdp_documents.to_json()
+        if self.split_seed is not None:
+            data["split_seed"] = self.split_seed
         return data
 
     @classmethod
@@ -225,4 +230,5 @@ class EvaluationResults:
                 if "on_mdp_documents" in data
                 else None
             ),
+            split_seed=data.get("split_seed"),
         )

@@ -56,6 +56,11 @@ def test_reports_that_cannot_be_paired_are_refused() -> None:
     other_split = results("c", 0.0) | {"test_documents": 300}
     with pytest.raises(ValueError, match="not on torch's test split"):
         render({"torch": [results("a", 0.0)], "onnx": [other_split]})
+    seeds = [results(name, 0.0) | {"split_seed": seed} for name, seed in (("a", 0), ("b", 1))]
+    with pytest.raises(ValueError, match="not on torch's test split"):  # seed 0 against seed 1
+        render({"torch": seeds, "onnx": seeds[::-1]})
+    render({"torch": seeds, "onnx": seeds})
+    render({"torch": seeds, "onnx": [results("c", 0.0), results("d", 0.0)]})  # older reports
 
 
 def test_the_readme_shows_the_committed_five_seed_table() -> None:

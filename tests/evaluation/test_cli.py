@@ -21,9 +21,12 @@ def test_the_flags_default_to_the_config_defaults() -> None:
     assert config_from_args(parse_args(["--model", "m", "--quick"])) == EvalConfig().quick()
 
 
-@pytest.mark.parametrize("corpus", COMMITTED)
-def test_committed_results_read_and_write_back_byte_for_byte(corpus: str) -> None:
-    text = (REPORTS / corpus / "results.json").read_text()
+EVERY_RESULTS = sorted(str(p.relative_to(REPORTS)) for p in REPORTS.rglob("results.json"))
+
+
+@pytest.mark.parametrize("path", EVERY_RESULTS)
+def test_committed_results_read_and_write_back_byte_for_byte(path: str) -> None:
+    text = (REPORTS / path).read_text()
     results = EvaluationResults.from_json(json.loads(text))
     assert json.dumps(results.to_json(), indent=2) == text
 

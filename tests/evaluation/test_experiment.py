@@ -33,6 +33,7 @@ def test_quick_evaluation_writes_tables_plots_and_json(
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     stored = json.loads((tmp_path / "results.json").read_text())
     assert stored["test_documents"] == 20
+    assert stored["split_seed"] == bundle.manifest.corpus.split_seed  # pairs seeds' reports
     key = f"deepcandidate:{bundle.manifest.name}"
     vote = f"sentence_vote:{bundle.manifest.name}"
     served = f"classify:{bundle.manifest.name}"
