@@ -356,8 +356,9 @@ def batch_invariance_violations(
     every probe at several positions) and batches of copies of the first and of the last
     probe (one bucket); every row of every batch is compared with its probe encoded alone.
     About 2 x sum(batch_sizes) x 2 rows in all, so the worker's start-up check takes seconds.
-    With ``sweep_rows``, also batches of 1, 2, ..., ``sweep_rows`` copies of the first
-    probe: every row count a pass of that bucket can have when the encoder's passes hold at
+    With ``sweep_rows``, also batches of copies of the first probe at every row count up to
+    ``sweep_rows`` that the layouts above do not already give it (one row is the probe
+    alone): every row count a pass of that bucket can have when the encoder's passes hold at
     most ``sweep_rows`` rows (kernels that change with the row count, as ONNX Runtime's
     pooling did, showed at some counts and not at others). With ``first_only``, stop after
     the first batch that moves a probe. An empty list means batch composition did not move
@@ -366,7 +367,7 @@ def batch_invariance_violations(
     alone = [encoder.encode([probe])[0] for probe in probes]
     n = len(probes)
     found = []
-    sweep = [("swept", [0] * rows) for rows in range(1, sweep_rows + 1)]
+    sweep = [("swept", [0] * rows) for rows in range(2, sweep_rows + 1) if rows not in batch_sizes]
     for size in batch_sizes:
         layouts = [("mixed", [(i + shift) % n for i in range(size)]) for shift in (0, n // 2)] + [
             ("same", [index] * size) for index in sorted({0, n - 1})
