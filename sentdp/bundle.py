@@ -7,7 +7,7 @@ validation at training time). The paper's recipe is a single variant; task-tuned
 compact, label-specific variants. Candidate ids are global across variants: variant v owns
 ids ``offset_v .. offset_v + m_v - 1``.
 
-Layout (format versions 1 to 4)::
+Layout (format versions 1 to 5)::
 
     manifest.json                   BundleManifest
     encoder/                        the sentence-transformers files of G (self-contained)
@@ -31,6 +31,9 @@ Version 3 adds several votes, one chosen per epsilon (``PChoice.vote_index``): a
 would serve vote 0 at every epsilon, so bundles that use another vote say version 3.
 Version 4 adds votes that read their sentences' words (``vote_words`` names the tokenizer):
 an older reader would drop the word logits and serve another classifier than the one trained.
+Version 5 adds votes drawn by the sentence-count rule (``vote_by_count``,
+:mod:`sentdp.count_calibrated`): an older reader would draw every vote by permute-and-flip,
+not the distribution validation scored.
 """
 
 from __future__ import annotations
@@ -53,11 +56,11 @@ from sentdp.labels import SentenceVote
 from sentdp.mechanism import DeepCandidate
 from sentdp.words import TOKENIZER, WordFeatures
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 """The newest format this sentdp reads and writes (a bundle says the lowest version whose
 readers run it as trained: 1 by default, 2 with shared H, 3 with more than one vote, 4 with
-votes that read words)."""
-READABLE_VERSIONS = (1, 2, 3, 4)
+votes that read words, 5 with votes drawn by the sentence-count rule)."""
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 MANIFEST = "manifest.json"
 MECHANISM_FILE = "mechanism.safetensors"
 VOTE_FILE = "label_vote.safetensors"
@@ -151,6 +154,9 @@ class BundleManifest(BaseModel):
     vote_words: str | None = None
     """The tokenizer of the votes' word features (:data:`sentdp.words.TOKENIZER`) when any
     vote reads words; None otherwise."""
+    vote_by_count: bool = False
+    """Whether the votes' selection uses the document's sentence count
+    (:attr:`sentdp.labels.SentenceVote.by_count`); format version 5."""
 
     @field_validator("format_version")
     @classmethod
@@ -173,6 +179,8 @@ class BundleManifest(BaseModel):
     def _words_known(self) -> BundleManifest:
         if self.format_version < 4 and self.vote_words is not None:
             raise ValueError("votes that read words need bundle format version 4")
+        if self.format_version < 5 and self.vote_by_count:
+            raise ValueError("votes drawn by the sentence-count rule need bundle format version 5")
         if self.vote_words not in (None, TOKENIZER):
             raise ValueError(
                 f"the votes' tokenizer {self.vote_words!r} is not this sentdp's ({TOKENIZER!r})"
@@ -322,6 +330,8 @@ class Bundle:
             raise InputError("a variant's class table does not match the bundle's labels")
         if any(vote.classes != r for vote in self.votes):
             raise InputError("a vote classifier does not match the bundle's labels")
+        if any(vote.by_count != self.manifest.vote_by_count for vote in self.votes):
+            raise InputError("the manifest's vote_by_count must be every vote's selection rule")
         reading = [vote.words for vote in self.votes if vote.words is not None]
         if bool(reading) != (self.manifest.vote_words is not None):
             raise InputError("the manifest's vote_words must say whether any vote reads words")
@@ -481,11 +491,11 @@ class Bundle:
             variants=variants,
             classifier_nonpriv=_optional_mlp(directory, "classifier_nonpriv"),
             encoder_dir=directory / ENCODER_DIR,
-            votes=_votes(directory),
+            votes=_votes(directory, manifest.vote_by_count),
         )
 
 
-def _votes(directory: Path) -> tuple[SentenceVote, ...]:
+def _votes(directory: Path, by_count: bool) -> tuple[SentenceVote, ...]:
     if not (directory / VOTE_FILE).is_file():
         return ()
     from safetensors.numpy import load_file
@@ -509,6 +519,7 @@ def _votes(directory: Path) -> tuple[SentenceVote, ...]:
             arrays[f"bias{x}"],
             arrays.get(f"word_weights{x}"),
             words if f"word_weights{x}" in arrays else None,
+            by_count,
         )
         for x in suffixes
     )

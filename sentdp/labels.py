@@ -17,6 +17,19 @@ DeepCandidate, at ``eps' = epsilon - eta(r)``, so the guarantee is exactly the e
 charged. Above that many classes it is the exponential mechanism
 ``P(c) proportional to exp(eps' * n_c / (2 * VOTE_UNITS))``.
 
+A vote made ``by_count`` (bundle format version 5) uses the document's sentence count n,
+which neighbours share: its exponential mechanism is calibrated to n
+(:mod:`sentdp.count_calibrated`, up to twice as sharp for one sentence), and below the flip
+limit it is drawn that way for the n where a public rule prefers it to permute-and-flip
+(short documents at small epsilon), by permute-and-flip otherwise.
+
+Neither permute-and-flip nor the calibrated mechanism has epsilon-bounded range (the
+spread of an outcome's log ratio between neighbours can reach about 2 epsilon), which the
+zCDP charge ``epsilon**2 / 8`` needs. A ``bounded_range`` draw (the service asks for it for
+tenants that account in zCDP) is the standard exponential mechanism at the vote's
+``epsilon - eta(r)``: its log ratios span at most ``eps' + eta_EM(r) <= epsilon``
+(:func:`~sentdp.mechanism.privacy_slack` counts the range).
+
 Why: DeepCandidate chooses among m candidates, so at small epsilon its choice is spread over
 many of them (the exponential mechanism's utility gap grows with ln m); a label needs only r
 outcomes, and a sentence's vote is bounded in [0, 1] per class however unusual it is.
@@ -32,9 +45,10 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
+from sentdp.count_calibrated import count_rate, uses_count_rate
 from sentdp.depth import project
 from sentdp.errors import InputError, InternalError
-from sentdp.mechanism import DeepCandidate, epsilon_less_slack, privacy_slack
+from sentdp.mechanism import DeepCandidate, epsilon_less_slack, floored_log_probs, privacy_slack
 from sentdp.permute_flip import flip_probabilities, flip_slack
 from sentdp.sampling import (
     GAMMA,
@@ -69,6 +83,8 @@ class SentenceVote:
     """(r, V) float64, U above; with ``words``, or neither."""
     words: WordFeatures | None = None
     """The public vocabulary ``word_weights`` is over."""
+    by_count: bool = False
+    """Whether the selection may use the document's sentence count (:func:`vote_plan`)."""
 
     def __post_init__(self) -> None:
         w, b = np.asarray(self.weights), np.asarray(self.bias)
@@ -97,8 +113,9 @@ class SentenceVote:
         return self.words is not None
 
     def same_as(self, other: SentenceVote) -> bool:
-        """Whether both votes cast the same votes for every sentence (equal parameters)."""
-        if not (
+        """Whether both votes draw the same labels for every document (equal parameters and
+        selection rule)."""
+        if self.by_count != other.by_count or not (
             np.array_equal(self.weights, other.weights) and np.array_equal(self.bias, other.bias)
         ):
             return False
@@ -111,7 +128,13 @@ class SentenceVote:
     def scaled(self, temperature: float) -> SentenceVote:
         """The same classifier with every logit divided by ``temperature``."""
         words = None if self.word_weights is None else self.word_weights / temperature
-        return SentenceVote(self.weights / temperature, self.bias / temperature, words, self.words)
+        return SentenceVote(
+            self.weights / temperature, self.bias / temperature, words, self.words, self.by_count
+        )
+
+    def counted(self, by_count: bool = True) -> SentenceVote:
+        """The same classifier with the selection rule ``by_count``."""
+        return SentenceVote(self.weights, self.bias, self.word_weights, self.words, by_count)
 
     def logits(self, sentences: npt.ArrayLike, texts: Sequence[str] | None = None) -> FloatArray:
         """(k, r) per-sentence logits, each row a function of its sentence alone."""
@@ -151,10 +174,40 @@ class SentenceVote:
         return deviations
 
     def log_probs(
-        self, sentences: npt.ArrayLike, epsilon: float, texts: Sequence[str] | None = None
+        self,
+        sentences: npt.ArrayLike,
+        epsilon: float,
+        texts: Sequence[str] | None = None,
+        *,
+        bounded_range: bool = False,
     ) -> FloatArray:
-        """(r,) natural-log probabilities with which :meth:`sample` picks each class."""
-        return vote_log_probs(self.deviations(sentences, texts), epsilon)
+        """(r,) natural-log probabilities with which :meth:`sample_batch` picks each class."""
+        deviations = self.deviations(sentences, texts)
+        count = np.asarray(sentences).shape[0]
+        return self.log_probs_for(deviations, epsilon, count, bounded_range=bounded_range)
+
+    def plan_for(
+        self, deviations: IntArray, epsilon: float, sentences: int, *, bounded_range: bool = False
+    ) -> SelectionPlan:
+        """The plan for a document of ``sentences`` sentences whose :meth:`deviations` are
+        known (callers that reuse them across epsilons); ``bounded_range``: the standard
+        exponential mechanism, whatever the vote's rule."""
+        if bounded_range:
+            return bounded_vote_plan(deviations, epsilon)
+        return vote_plan(deviations, epsilon, sentences if self.by_count else None)
+
+    def log_probs_for(
+        self,
+        deviations: npt.ArrayLike,
+        epsilon: float,
+        sentences: int,
+        *,
+        bounded_range: bool = False,
+    ) -> FloatArray:
+        """:meth:`log_probs` from known deviations of a ``sentences``-sentence document."""
+        if bounded_range:
+            return exponential_vote_log_probs(deviations, epsilon)
+        return vote_log_probs(deviations, epsilon, sentences if self.by_count else None)
 
     def plan_batch(
         self,
@@ -162,16 +215,23 @@ class SentenceVote:
         epsilons: Sequence[float],
         *,
         texts: Sequence[Sequence[str]] | None = None,
+        bounded_range: bool = False,
     ) -> list[SelectionPlan]:
         """Every document's selection plan; validates everything and draws no randomness.
-        ``texts``: each document's sentences, needed by a vote that reads words."""
+        ``texts``: each document's sentences, needed by a vote that reads words;
+        ``bounded_range``: draw by the epsilon-bounded-range exponential mechanism."""
         if len(epsilons) != len(documents):
             raise InputError(f"got {len(documents)} documents but {len(epsilons)} epsilons")
         if texts is not None and len(texts) != len(documents):
             raise InputError(f"got {len(documents)} documents but {len(texts)} texts")
         per_document = texts if texts is not None else [None] * len(documents)
         return [
-            vote_plan(self.deviations(doc, text), eps)
+            self.plan_for(
+                self.deviations(doc, text),
+                eps,
+                np.asarray(doc).shape[0],
+                bounded_range=bounded_range,
+            )
             for doc, eps, text in zip(documents, epsilons, per_document, strict=True)
         ]
 
@@ -230,23 +290,55 @@ def _exponential_rate(epsilon: float, classes: int) -> float:
     return 2.0 * vote_epsilon(epsilon, classes) / VOTE_UNITS
 
 
-def vote_plan(deviations: IntArray, epsilon: float) -> SelectionPlan:
+def _count_calibrated(epsilon: float, classes: int, sentences: int | None) -> float | None:
+    """z of the count-calibrated exponential mechanism when a vote over ``classes`` classes
+    of a ``sentences``-sentence document is drawn by it at ``epsilon`` (None: it is not).
+    It runs at the vote's ``epsilon - eta(r)``: its own float slack is the exponential
+    mechanism's, at most permute-and-flip's."""
+    if sentences is None:
+        return None
+    if isinstance(sentences, bool) or not isinstance(sentences, int | np.integer) or sentences < 1:
+        raise InternalError(f"a document has at least one sentence, got {sentences!r}")
+    run_at = vote_epsilon(epsilon, classes)
+    flip = vote_selection(classes) == "permute-and-flip"
+    if flip and not uses_count_rate(run_at, int(sentences), classes):
+        return None
+    return count_rate(run_at, int(sentences), classes)
+
+
+def vote_plan(deviations: IntArray, epsilon: float, sentences: int | None = None) -> SelectionPlan:
     """The sampler's plan for a vote's ``deviations`` (one per class) at ``epsilon``: what
-    :meth:`SentenceVote.plan_batch` does, for callers that reuse deviations across epsilons."""
+    :meth:`SentenceVote.plan_batch` does, for callers that reuse deviations across epsilons.
+    With ``sentences`` (a vote made ``by_count``), the count-calibrated rule."""
     r = len(deviations)
+    z = _count_calibrated(epsilon, r, sentences)
+    if z is not None:  # P(c) ~ exp(z n_c / U): plan_selection weighs exp(-rate dev / 4)
+        return plan_selection(deviations, 4.0 * z / VOTE_UNITS)
     if vote_selection(r) == "exponential":
-        return plan_selection(deviations, _exponential_rate(epsilon, r))
+        return bounded_vote_plan(deviations, epsilon)
     vote_epsilon(epsilon, r)  # validates before any arithmetic
     return plan_levels(deviations, _flip_weights(epsilon))
 
 
-def vote_log_probs(deviations: npt.ArrayLike, epsilon: float) -> FloatArray:
+def bounded_vote_plan(deviations: IntArray, epsilon: float) -> SelectionPlan:
+    """The plan of the standard exponential mechanism over the tallies at the vote's
+    ``epsilon - eta(r)``: epsilon-bounded range (eta(r) is at least the exponential
+    mechanism's own :func:`~sentdp.mechanism.privacy_slack`, which covers the range)."""
+    return plan_selection(deviations, _exponential_rate(epsilon, len(deviations)))
+
+
+def vote_log_probs(
+    deviations: npt.ArrayLike, epsilon: float, sentences: int | None = None
+) -> FloatArray:
     """The exact distribution of the vote, mixed with the floor: for permute-and-flip the
     float log of each class's exact rational mass (from the integers the sampler's thresholds
-    are cut from)."""
+    are cut from). With ``sentences``, the count-calibrated rule."""
     dev = np.asarray(deviations, dtype=np.int64)
     r = dev.shape[0]
     gamma = Fraction(GAMMA)
+    z = _count_calibrated(epsilon, r, sentences)
+    if z is not None:
+        return floored_log_probs(np.asarray(-z * dev / VOTE_UNITS, dtype=np.float64))
     if vote_selection(r) == "exponential":
         return exponential_vote_log_probs(dev, epsilon)
     vote_epsilon(epsilon, r)
@@ -266,9 +358,5 @@ def exponential_vote_log_probs(deviations: npt.ArrayLike, epsilon: float) -> Flo
     with the floor: the vote's distribution above :data:`FLIP_MAX_CLASSES` classes, and the
     rule permute-and-flip is compared with below."""
     dev = np.asarray(deviations, dtype=np.int64)
-    r = dev.shape[0]
-    scores = -_exponential_rate(epsilon, r) * dev / 4.0
-    top = scores.max()
-    log_mechanism = scores - (top + math.log(math.fsum(np.exp(scores - top))))
-    mixed: FloatArray = np.logaddexp(math.log(GAMMA / r), math.log1p(-GAMMA) + log_mechanism)
-    return mixed
+    rate = _exponential_rate(epsilon, dev.shape[0])
+    return floored_log_probs(np.asarray(-rate * dev / 4.0, dtype=np.float64))

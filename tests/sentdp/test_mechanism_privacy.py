@@ -82,8 +82,33 @@ def test_log_probs_equal_an_independent_computation(setting) -> None:
             assert math.isclose(logsumexp(got), 0.0, abs_tol=1e-12)
 
 
-def test_privacy_slack_is_about_1e_5_at_5000_candidates() -> None:
-    assert 9.0e-6 < privacy_slack(5000) < 9.5e-6
+def test_neighbouring_log_ratios_span_at_most_epsilon(setting) -> None:
+    """Epsilon-bounded range, on which a zCDP tenant's charge epsilon**2 / 8 rests: for
+    every neighbour the log ratios of all candidates lie within an interval of width
+    epsilon (not only within [-epsilon, epsilon])."""
+    mechanism, candidates, _ = setting
+    rng = np.random.default_rng(14)
+    worst = dict.fromkeys(EPSILONS, 0.0)
+    for k in (1, 2, 3, 8):
+        for _ in range(3):
+            document = rng.standard_normal((k, 8)) * 0.5
+            base = {eps: mechanism.log_probs(document, eps) for eps in EPSILONS}
+            for neighbour in neighbours(document, candidates, rng):
+                for eps in EPSILONS:
+                    ratios = base[eps] - mechanism.log_probs(neighbour, eps)
+                    span = float(ratios.max() - ratios.min())
+                    assert span <= eps + 1e-9, (k, eps, span)
+                    worst[eps] = max(worst[eps], span)
+    for eps in (0.1, 1.0, 10.0):
+        assert worst[eps] > 0.5 * eps, worst
+
+
+def test_privacy_slack_is_about_2e_5_at_5000_candidates() -> None:
+    """Twice the float error's worst log-ratio move (9.3e-6): the range of the log ratios
+    moves by twice as much as any one of them."""
+    delta = 2.0**-50 * 5000 / GAMMA
+    assert privacy_slack(5000) == 2 * (math.log1p(delta) - math.log1p(-delta))
+    assert 1.8e-5 < privacy_slack(5000) < 1.9e-5
     assert privacy_slack(50) < privacy_slack(5000)
     assert mechanism_epsilon(1.0, 5000) == pytest.approx(1.0 - privacy_slack(5000), abs=0)
 
