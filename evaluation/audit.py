@@ -94,9 +94,12 @@ class PairResult:
 class ExactLoss:
     """The exact privacy loss of a pair under a bundle, from the mechanism's probabilities."""
 
-    def __init__(self, bundle: Bundle, encoder: Encoder) -> None:
+    def __init__(self, bundle: Bundle, encoder: Encoder, bounded_range: bool = False) -> None:
         self.bundle = bundle
         self.encoder = encoder
+        self.bounded_range = bounded_range
+        """The audited tenant accounts in zCDP: its votes are drawn by the exponential
+        mechanism (:mod:`service.charging`), not by the vote's own rule."""
         self._known: dict[tuple[tuple[str, ...], float, str], np.ndarray] = {}
 
     def log_probs(
@@ -116,7 +119,8 @@ class ExactLoss:
         embedded = self.encoder.encode(sentences)
         if endpoint == "classify" and choice.label == "vote":
             # the vote the p table names for the request's epsilon, as the gateway sends it
-            return self.bundle.vote_for(epsilon).log_probs(embedded, run_at, sentences)
+            vote = self.bundle.vote_for(epsilon)
+            return vote.log_probs(embedded, run_at, sentences, bounded_range=self.bounded_range)
         variant = self.bundle.variant(choice.variant)
         log_probs = variant.mechanism().log_probs(
             recode(variant.recoder, embedded), run_at, choice.p
@@ -302,6 +306,19 @@ def _as_text(segments: list[str]) -> str:
     for before, segment in itertools.pairwise(segments):
         text += (" " if re.search(r"[.!?][\"')\]]*$", before) else "\n\n") + segment
     return text
+
+
+def tenant_accounting(url: str, key: str) -> str:
+    """The audited key's accountant ("pure" or "zcdp"), from ``/budget`` (which charges
+    nothing): it decides how the deployment draws that tenant's votes."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as http:  # as the sampler
+        reply = http.post("/budget", json={"user": "audit-accounting"})
+    reply.raise_for_status()
+    accounting: str = reply.json()["accounting"]
+    return accounting
 
 
 def http_sampler(

@@ -6,6 +6,8 @@ import argparse
 import shlex
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -20,9 +22,11 @@ from evaluation.audit import (
     adversarial_pairs,
     audit_pair,
     http_sampler,
+    tenant_accounting,
     text_pairs,
     write_report,
 )
+from sentdp.accounting import ZCDP
 from sentdp.encoders import open_encoder
 from training.datasets import bbc_news_texts
 from training.settings import load_settings
@@ -82,8 +86,12 @@ def main(argv: list[str] | None = None) -> None:
     settings = load_settings()
     bundle = load_from_store(args.model)
     bundle.check_encoder()
+    with _http_errors(console, args.url, "/budget"):
+        accounting = tenant_accounting(args.url, args.key_file.read_text().strip())
     loss = ExactLoss(
-        bundle, open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device)
+        bundle,
+        open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device),
+        bounded_range=accounting == ZCDP,
     )
     texts = [text for _, _, text in bbc_news_texts(settings.cache_dir)]
     plan: list[tuple[float, int, Pair]] = []
@@ -97,14 +105,8 @@ def main(argv: list[str] | None = None) -> None:
             pairs += labelled[: args.label_pairs]
         plan += [(epsilon, samples, pair) for pair in pairs]
     started = time.perf_counter()
-    try:
+    with _http_errors(console, args.url, "a request"):
         results = _run(args, plan, loss, console)
-    except httpx.HTTPStatusError as error:
-        console.print(f"sentdp-audit: the deployment refused a request: {_reason(error.response)}")
-        sys.exit(2)
-    except httpx.TransportError as error:
-        console.print(f"sentdp-audit: cannot reach {args.url}: {error}")
-        sys.exit(2)
     run = RunInfo(
         command=shlex.join(["sentdp-audit", *(sys.argv[1:] if argv is None else argv)]),
         deployment=args.deployment or args.url,
@@ -121,6 +123,19 @@ def main(argv: list[str] | None = None) -> None:
         )
     if any(r.flagged for r in results):
         sys.exit(1)
+
+
+@contextmanager
+def _http_errors(console: Console, url: str, what: str) -> Iterator[None]:
+    """Refusals and unreachable deployments end the audit with a message (exit status 2)."""
+    try:
+        yield
+    except httpx.HTTPStatusError as error:
+        console.print(f"sentdp-audit: the deployment refused {what}: {_reason(error.response)}")
+        sys.exit(2)
+    except httpx.TransportError as error:
+        console.print(f"sentdp-audit: cannot reach {url}: {error}")
+        sys.exit(2)
 
 
 def _reason(response: httpx.Response) -> str:

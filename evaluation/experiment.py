@@ -37,7 +37,6 @@ from evaluation.results import (
 )
 from sentdp.bundle import Bundle
 from sentdp.encoders import Encoder, open_encoder, recode
-from sentdp.labels import vote_plan
 from sentdp.mechanism import DeepCandidate, sample_from_utilities
 from training.classifiers import macro_f1, train_classifier
 from training.corpora import CorpusSpec, load_corpus
@@ -414,15 +413,19 @@ class Experiment:
         if not bundle.votes:
             return False
         deviations: dict[int, list[npt.NDArray[np.int64]]] = {}
+        sentences = [len(self.corpus.documents[i].sentences) for i in self.test]
         for epsilon in self.config.epsilons:
             index = bundle.manifest.choice_for(epsilon).vote_index  # as the service runs it
+            vote = bundle.votes[index]
             if index not in deviations:
-                vote = bundle.votes[index]
                 deviations[index] = [
                     vote.deviations(self.embeddings.document(i), self.corpus.documents[i].sentences)
                     for i in self.test
                 ]
-            plans = [vote_plan(d, epsilon) for d in deviations[index]]
+            plans = [
+                vote.plan_for(d, epsilon, n)
+                for d, n in zip(deviations[index], sentences, strict=True)
+            ]
             predicted = [
                 DeepCandidate.draw_plans(plans, self.rng(trial, epsilon, 3))
                 for trial in range(self.config.trials)

@@ -1,14 +1,18 @@
-"""SentenceVote's selection rule compared: the exponential mechanism against permute-and-flip,
-on the same votes, by expected macro-F1 (exact probabilities, no sampling noise).
+"""SentenceVote's selection rules compared: the exponential mechanism, permute-and-flip and
+the sentence-count rule (:mod:`sentdp.count_calibrated`), on the same votes, by expected
+macro-F1 (exact probabilities, no sampling noise).
 
 Run: ``.venv/bin/python -m evaluation.vote_selection TAG [TAG ...]`` prints, per bundle, the
-validation and test figures at the grid's epsilons. The vote's classifier and temperature are
-the bundle's, so only the selection differs.
+validation and test figures at the grid's epsilons; with ``--short``, also the corpus's
+one-sentence documents, which the loader keeps out of every split (short texts the votes were
+neither fitted nor chosen on). The vote's classifier and temperature are
+the bundle's, so only the selection differs (whichever rule the bundle itself runs).
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,8 +34,12 @@ def exponential_probs(deviations: npt.NDArray[np.int64], epsilon: float) -> npt.
     return probs
 
 
-def compare(bundle: Bundle, epsilons: Sequence[float]) -> list[tuple[str, float, float, float]]:
-    """``(split, epsilon, exponential, permute-and-flip)`` expected macro-F1 rows."""
+def compare(
+    bundle: Bundle, epsilons: Sequence[float], short: bool = False
+) -> list[tuple[str, float, float, float, float]]:
+    """``(split, epsilon, exponential, permute-and-flip, by count)`` expected macro-F1 rows;
+    with ``short``, a "short" split too: the documents the loader dropped for having one
+    sentence."""
     if not bundle.votes:
         raise ValueError(f"{bundle.manifest.name} has no SentenceVote")
     settings = load_settings()
@@ -40,38 +48,60 @@ def compare(bundle: Bundle, epsilons: Sequence[float]) -> list[tuple[str, float,
     encoder = open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device)
     embeddings = embed_corpus(corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter))
     class_of = {label: i for i, label in enumerate(corpus.labels)}
+    short_documents = [d for d in corpus.short if d.label in class_of] if short else []
+    short_texts = [s for d in short_documents for s in d.sentences]
+    short_vectors = encoder.encode(short_texts) if short_texts else np.zeros((0, 0))
+    short_rows = np.cumsum([0] + [len(d.sentences) for d in short_documents])
     rows = []
-    for split in ("validation", "test"):
-        documents = list(getattr(splits, split))
-        truth = [class_of[corpus.documents[i].label] for i in documents]
+    for split in ("validation", "test", "short")[: 3 if short_documents else 2]:
+        if split == "short":
+            texts = [d.sentences for d in short_documents]
+            vectors = [short_vectors[a:b] for a, b in itertools.pairwise(short_rows)]
+            truth = [class_of[d.label] for d in short_documents]
+        else:
+            documents = list(getattr(splits, split))
+            texts = [corpus.documents[i].sentences for i in documents]
+            vectors = [embeddings.document(i) for i in documents]
+            truth = [class_of[corpus.documents[i].label] for i in documents]
+        counts = [len(sentences) for sentences in texts]
         by_vote: dict[int, list[npt.NDArray[np.int64]]] = {}
         for epsilon in epsilons:
             index = bundle.manifest.choice_for(epsilon).vote_index  # as the service runs it
             if index not in by_vote:
                 vote = bundle.votes[index]
                 by_vote[index] = [
-                    vote.deviations(embeddings.document(i), corpus.documents[i].sentences)
-                    for i in documents
+                    vote.deviations(x, sentences)
+                    for x, sentences in zip(vectors, texts, strict=True)
                 ]
             deviations = by_vote[index]
             classes = bundle.votes[index].classes
             exponential = np.zeros((classes, classes))
             flip = np.zeros_like(exponential)
-            for devs, label in zip(deviations, truth, strict=True):
+            by_count = np.zeros_like(exponential)
+            for devs, label, n in zip(deviations, truth, counts, strict=True):
                 exponential[label] += exponential_probs(devs, epsilon)
                 flip[label] += np.exp(vote_log_probs(devs, epsilon))
-            rows.append((split, epsilon, soft_macro_f1(exponential), soft_macro_f1(flip)))
+                by_count[label] += np.exp(vote_log_probs(devs, epsilon, n))
+            f1 = [soft_macro_f1(m) for m in (exponential, flip, by_count)]
+            rows.append((split, epsilon, f1[0], f1[1], f1[2]))
     return rows
 
 
 def main() -> None:
-    for tag in sys.argv[1:]:
+    parser = argparse.ArgumentParser(prog="python -m evaluation.vote_selection")
+    parser.add_argument("tags", nargs="+", metavar="TAG", help="bundles in the model store")
+    parser.add_argument(
+        "--short", action="store_true", help="also score the corpus's one-sentence documents"
+    )
+    args = parser.parse_args()
+    for tag in args.tags:
         bundle = load_from_store(tag)
         print(f"\n{bundle.manifest.name} ({bundle.vote.classes if bundle.vote else 0} classes)")
-        print("| split | ε | exponential mechanism | permute-and-flip |")
-        print("|---|---|---|---|")
-        for split, epsilon, exponential, flip in compare(bundle, DEFAULT_EPSILONS):
-            print(f"| {split} | {epsilon:g} | {exponential:.3f} | {flip:.3f} |")
+        print("| split | ε | exponential mechanism | permute-and-flip | by sentence count |")
+        print("|---|---|---|---|---|")
+        rows = compare(bundle, DEFAULT_EPSILONS, short=args.short)
+        for split, epsilon, exponential, flip, count in rows:
+            print(f"| {split} | {epsilon:g} | {exponential:.3f} | {flip:.3f} | {count:.3f} |")
 
 
 if __name__ == "__main__":

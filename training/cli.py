@@ -85,6 +85,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="how G runs in training and serving: torch, ONNX Runtime float32, or ONNX "
         "Runtime with static int8 (default %(default)s)",
     )
+    parser.add_argument(
+        "--vote-rule",
+        choices=("by-count", "flip"),
+        default="by-count",
+        help="how /classify's vote is drawn: by-count uses the document's sentence count "
+        "(sharper for short documents; bundle format 5), flip is permute-and-flip at every "
+        "length, as older bundles (default %(default)s)",
+    )
     parser.add_argument("--per-class", type=int, help="use at most this many documents per class")
     parser.add_argument("--text-column", default=DEFAULTS["text_column"])
     parser.add_argument("--label-column", default=DEFAULTS["label_column"])
@@ -111,6 +119,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         label_column=args.label_column,
         corpus_is_public=args.corpus_is_public,
         encoder_backend=args.encoder_backend,
+        vote_by_count=args.vote_rule == "by-count",
     )
     if args.quick:
         config = config.quick()

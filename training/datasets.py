@@ -67,6 +67,9 @@ class Corpus:
     """"splitter" (raw text cut by sentdp.text) or "lines" (the corpus's own segmentation)."""
     removed_duplicates: int = 0
     removed_short: int = 0
+    short: tuple[Document, ...] = ()
+    """The documents dropped for having fewer than two sentences: in no split, so
+    ``python -m evaluation.vote_selection --short`` can score short texts on them."""
     labels: list[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -154,19 +157,20 @@ def _finish(
     """Drop exact duplicates (same sentences) and documents with fewer than two sentences."""
     seen: set[tuple[str, ...]] = set()
     kept: list[Document] = []
-    duplicates = short = 0
+    short: list[Document] = []
+    duplicates = 0
     for doc in raw:
         if doc.sentences in seen:
             duplicates += 1
             continue
         seen.add(doc.sentences)
-        if len(doc.sentences) < MIN_SENTENCES:
-            short += 1
-            continue
-        kept.append(doc)
+        (short if len(doc.sentences) < MIN_SENTENCES else kept).append(doc)
     if not kept:
         raise InputError(f"corpus {name} has no document with at least {MIN_SENTENCES} sentences")
-    return Corpus(name, source, sha256, is_public, kept, sentences_from, duplicates, short)
+    dropped = tuple(doc for doc in short if doc.sentences)
+    return Corpus(
+        name, source, sha256, is_public, kept, sentences_from, duplicates, len(short), dropped
+    )
 
 
 def _split_text(text: str, splitter: SentenceSplitter, limits: TextLimits) -> tuple[str, ...]:

@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from sentdp.bundle import PChoice
 from sentdp.errors import InputError, InternalError
-from sentdp.labels import SentenceVote, vote_log_probs
+from sentdp.labels import SentenceVote
 from sentdp.words import fit_word_features
 from training.embeddings import CorpusEmbeddings
 from training.p_selection import soft_macro_f1
@@ -155,8 +155,8 @@ def vote_scores(
     scores = {}
     for epsilon in epsilons:
         confusion = np.zeros((vote.classes, vote.classes))
-        for devs, label in zip(deviations, truth, strict=True):
-            confusion[label] += np.exp(vote_log_probs(devs, epsilon))
+        for devs, label, document in zip(deviations, truth, documents, strict=True):
+            confusion[label] += np.exp(vote.log_probs_for(devs, epsilon, len(document)))
         scores[f"{epsilon:g}"] = soft_macro_f1(confusion)
     return scores
 
@@ -169,11 +169,14 @@ def train_vote(
     epsilons: Sequence[float],
     seed: int,
     texts: Sequence[Sequence[str]] | None = None,
+    *,
+    by_count: bool = False,
 ) -> VoteResult:
     """Fit every family of per-sentence classifier; choose family, C and temperature on
     validation, for the grid as a whole and, where it gains ``MIN_GAIN``, per epsilon.
     ``texts`` (every document's sentences, aligned with ``embeddings``) adds the families
-    that read words; without it only the embedding families are fitted."""
+    that read words; without it only the embedding families are fitted. ``by_count``: the
+    votes are drawn by the sentence-count rule, and validation scores them that way."""
     from sklearn.linear_model import LogisticRegression
 
     missing = sorted(set(range(int(y.max()) + 1)) - {int(y[i]) for i in train})
@@ -222,7 +225,7 @@ def train_vote(
     tried: list[VoteFit] = []
     for family, strength, word_strength, fitted in base:
         for temperature in TEMPERATURES:
-            vote = fitted.scaled(temperature)
+            vote = fitted.scaled(temperature).counted(by_count)
             scores = vote_scores(vote, documents, truth, epsilons, validation_texts)
             tried.append(VoteFit(vote, strength, scores, temperature, family, word_strength))
     return choose_votes(tried)

@@ -91,6 +91,9 @@ class TrainConfig:
     label_column: str = "label"
     per_class: int | None = None
     limits: TextLimits = field(default_factory=TextLimits)
+    vote_by_count: bool = True
+    """Draw SentenceVote by the sentence-count rule (:mod:`sentdp.count_calibrated`); False
+    draws every vote by permute-and-flip, as bundles before format version 5 do."""
 
     def quick(self) -> TrainConfig:
         """A small, fast variant for tests and smoke runs (same code path, smaller numbers)."""
@@ -267,6 +270,7 @@ def build_bundle(
         config.epsilons,
         config.seed,
         [document.sentences for document in corpus.documents],
+        by_count=config.vote_by_count,
     )
     p_table = with_label_choice(p_table, vote)
     for index, fit in enumerate(vote.fits):
@@ -313,6 +317,8 @@ def bundle_format_version(
     variants: Sequence[Variant], p_table: Sequence[PChoice], votes: Sequence[SentenceVote] = ()
 ) -> int:
     """The lowest format version whose readers run this bundle as it was trained."""
+    if any(vote.by_count for vote in votes):
+        return 5
     if any(vote.reads_words for vote in votes):
         return 4
     if any(choice.vote_index for choice in p_table):
@@ -404,6 +410,7 @@ def bundle_manifest(
     return BundleManifest(
         format_version=bundle_format_version(variants, p_table, votes),
         vote_words=TOKENIZER if any(vote.reads_words for vote in votes) else None,
+        vote_by_count=any(vote.by_count for vote in votes),
         name=model_name(config, corpus),
         recipe=config.recipe,
         created=datetime.now(UTC).isoformat(timespec="seconds"),

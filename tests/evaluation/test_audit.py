@@ -22,6 +22,7 @@ from evaluation.audit import (
     adversarial_pairs,
     audit_pair,
     http_sampler,
+    tenant_accounting,
     text_pairs,
     write_report,
 )
@@ -190,6 +191,8 @@ def test_a_live_audit_of_the_honest_server_flags_nothing(
     server = _serve(env, folder, "honest")
     labels = loss.bundle.labels
     try:
+        # the audit models the tenant's draw: a pure-epsilon tenant gets the vote's own rule
+        assert tenant_accounting(server.url, TENANTS[0].key) == "pure"
         samplers = {
             "privatize": http_sampler(server.url, TENANTS[0].key, batch=16),
             "classify": http_sampler(server.url, TENANTS[0].key, batch=16, labels=labels),

@@ -16,3 +16,9 @@ def test_the_flags_default_to_the_config_defaults() -> None:
 def test_epsilons_given_with_quick_replace_the_quick_grid() -> None:
     config = config_from_args(parse_args(["--dataset", "x", "--quick", "--epsilons", "5", "2"]))
     assert config == dataclasses.replace(TrainConfig(dataset="x").quick(), epsilons=(2.0, 5.0))
+
+
+def test_the_vote_rule_flag_chooses_the_sentence_count_rule_or_permute_and_flip() -> None:
+    assert config_from_args(parse_args(["--dataset", "x"])).vote_by_count
+    flip = config_from_args(parse_args(["--dataset", "x", "--vote-rule", "flip"]))
+    assert flip == TrainConfig(dataset="x", vote_by_count=False)

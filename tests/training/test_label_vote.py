@@ -162,3 +162,22 @@ def test_votes_that_read_words_are_fitted_and_win_where_only_words_tell_classes_
     wordless = [["!" * (n + 1) for n in range(len(document))] for document in texts]
     alone = train_vote(embeddings, y, train, validation, (1.0, 50.0), seed=0, texts=wordless)
     assert not any(fit.vote.reads_words for fit in alone.fits)
+
+
+def test_votes_by_count_are_scored_as_the_service_draws_them() -> None:
+    """Training's validation score of a vote by count is its sentence-count distribution:
+    higher than permute-and-flip's on one-sentence documents, the same on long ones."""
+    embeddings, y = corpus(4)
+    train, validation = list(range(40)), list(range(40, 60))
+    result = train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0, by_count=True)
+    assert all(fit.vote.by_count for fit in result.fits)
+    assert not train_vote(embeddings, y, train, validation, (1.0,), seed=0).vote.by_count
+    vote = result.vote
+    short = [embeddings.document(i)[1:2] for i in validation]  # one on-topic sentence each
+    truth = [int(y[i]) for i in validation]
+    counted = vote_macro_f1(vote, short, truth, 1.0)
+    assert counted > vote_macro_f1(vote.counted(False), short, truth, 1.0) + 0.01
+    long = [np.repeat(embeddings.document(i), 4, axis=0) for i in validation]  # 12+ sentences
+    assert vote_macro_f1(vote, long, truth, 1.0) == vote_macro_f1(
+        vote.counted(False), long, truth, 1.0
+    )

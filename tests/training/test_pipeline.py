@@ -228,3 +228,17 @@ def test_an_int8_bundle_records_and_carries_its_encoder(tmp_path: Path) -> None:
     stored.check_encoder("onnx-int8")
     with pytest.raises(InputError, match="cannot serve with torch"):
         stored.check_encoder("torch")
+
+
+def test_one_sentence_documents_are_kept_out_of_the_splits_but_not_lost(tmp_path: Path) -> None:
+    """The loader drops documents of fewer than two sentences from every split, and keeps
+    them aside (evaluation scores short texts on them): never duplicates, never empty ones."""
+    rows = [{"text": f"Doc {i} starts. It ends {i}.", "label": "ab"[i % 2]} for i in range(6)]
+    rows += [{"text": "Only one here.", "label": "a"}, {"text": "Only one here.", "label": "a"}]
+    rows += [{"text": "Another lone one!", "label": "b"}, {"text": "   ", "label": "b"}]
+    path = write_jsonl(tmp_path / "short.jsonl", rows)
+    corpus = load_user_corpus(path, "text", "label", True, TextLimits())
+    assert len(corpus.documents) == 6
+    assert [d.sentences for d in corpus.short] == [("Only one here.",), ("Another lone one!",)]
+    assert corpus.removed_short == 3  # the empty text counts as removed, not kept aside
+    assert corpus.removed_duplicates == 1
