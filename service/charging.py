@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sentdp.accounting import Charge, epsilon_of_charge, to_epsilon
+from sentdp.accounting import ZCDP, Charge, epsilon_of_charge, to_epsilon
 from sentdp.bundle import Bundle, PChoice
 from sentdp.labels import vote_slack
 from sentdp.mechanism import privacy_slack
@@ -304,7 +304,11 @@ class Charging:
     async def run_and_settle(
         self, request: ChargedRequest, admission: Admission, reserved: Reservation
     ) -> Reply:
-        """Run the mechanism for the reserved documents and settle every charge."""
+        """Run the mechanism for the reserved documents and settle every charge. A zCDP
+        tenant is charged epsilon**2 / 8 per release, which holds for epsilon-bounded-range
+        mechanisms only: its votes are drawn by the exponential mechanism (DeepCandidate's
+        candidates always are)."""
+        bounded = admission.release == "vote" and request.tenant.policy.accounting == ZCDP
         items = [
             WorkItem(
                 charge_id=charge_id,
@@ -315,6 +319,7 @@ class Charging:
                 p=admission.choice.p,
                 release=admission.release,
                 vote=admission.choice.vote_index,
+                bounded_range=bounded,
             )
             for charge_id, sentences in zip(reserved.charge_ids, admission.sentences, strict=True)
         ]

@@ -184,6 +184,10 @@ class WorkItem(BaseModel):
     """What to draw: a DeepCandidate candidate, or a SentenceVote label."""
     vote: int = Field(default=0, ge=0)
     """Which of the bundle's votes draws a ``vote`` release (the p table's ``vote_index``)."""
+    bounded_range: bool = True
+    """Draw a ``vote`` release by the epsilon-bounded-range exponential mechanism (for
+    tenants charged in zCDP), not by the vote's own rule. The gateway always says which; an
+    item that does not gets the bounded-range draw, private under either accountant."""
 
 
 class WorkRequest(BaseModel):

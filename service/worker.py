@@ -334,16 +334,20 @@ def plan_encoded(
     documents: list[np.ndarray],
 ) -> list[Any]:
     """Each item's selection plan from its document's G embeddings, in item order: a vote
-    item with the bundle's vote the item names, a candidate item in its variant (recoded).
-    Items that share a vote or a variant are planned together."""
+    item with the bundle's vote the item names (by the epsilon-bounded-range exponential
+    mechanism when the item asks for it), a candidate item in its variant (recoded). Items
+    that share a vote (and its draw) or a variant are planned together."""
     from sentdp.encoders import recode
 
     plans: list[Any] = [None] * len(items)
-    groups: dict[tuple[str, int], list[int]] = {}
+    groups: dict[tuple[str, int, bool], list[int]] = {}
     for n, item in enumerate(items):
-        key = ("", item.vote) if item.release == "vote" else (item.variant, 0)
+        if item.release == "vote":
+            key = ("", item.vote, item.bounded_range)
+        else:
+            key = (item.variant, 0, False)
         groups.setdefault(key, []).append(n)
-    for (name, vote), members in sorted(groups.items()):
+    for (name, vote, bounded), members in sorted(groups.items()):
         epsilons = [items[n].epsilon for n in members]
         if not name:
             if vote >= len(bundle.votes):
@@ -352,10 +356,18 @@ def plan_encoded(
                 [documents[n] for n in members],
                 epsilons,
                 texts=[items[n].sentences for n in members],
+                bounded_range=bounded,
             )
         else:
+            # H is recoded for the group's rows at once: its fixed-shape blocks make a row's
+            # bits independent of the rows beside it, so this equals recoding each document
+            # alone, without padding every document to a block of its own
+            rows = recode(
+                bundle.variant(name).recoder, np.concatenate([documents[n] for n in members])
+            )
+            ends = np.cumsum([len(documents[n]) for n in members])
             planned = mechanisms[name].plan_batch(
-                [recode(bundle.variant(name).recoder, documents[n]) for n in members],
+                np.split(rows, ends[:-1]),
                 epsilons,
                 [items[n].p for n in members],
             )

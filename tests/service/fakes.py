@@ -38,10 +38,12 @@ def tiny_bundle(
     labels: list[str] | None = None,
     second_vote: bool = False,
     words: bool = False,
+    by_count: bool = False,
 ) -> Bundle:
     """Two variants; with ``vote``, a SentenceVote that /classify uses at epsilon 1 (below 5);
     with ``second_vote`` too, two votes, the p table running vote 1 at epsilon 1; with
-    ``words``, the last vote also reads its sentences' words (:data:`WORDS`)."""
+    ``words``, the last vote also reads its sentences' words (:data:`WORDS`); with
+    ``by_count``, the votes are drawn by the sentence-count rule (format version 5)."""
     if words and not vote:
         raise ValueError("a tiny bundle reads words only in a vote: pass vote=True too")
     rng = np.random.default_rng(seed)
@@ -70,8 +72,9 @@ def tiny_bundle(
         for record in records
     )
     manifest = BundleManifest(
-        format_version=4 if words else 3 if second_vote else 1,
+        format_version=5 if by_count else 4 if words else 3 if second_vote else 1,
         vote_words=TOKENIZER if words else None,
+        vote_by_count=by_count,
         name="sentdp-unit",
         recipe="mixed",
         created="2026-01-01T00:00:00+00:00",
@@ -107,6 +110,7 @@ def tiny_bundle(
         vocabulary = WordFeatures(WORDS, 1.0 + rng.random(len(WORDS)))
         word_weights = rng.normal(size=(len(labels), len(WORDS))) * 3
         votes[-1] = SentenceVote(votes[-1].weights, votes[-1].bias, word_weights, vocabulary)
+    votes = [v.counted(by_count) for v in votes]
     return Bundle(manifest, variants, None, encoder_dir, tuple(votes) if vote else ())
 
 
@@ -146,7 +150,10 @@ class FakeWorker:
             sentences = np.stack([embed(s) for s in item.sentences])
             if item.release == "vote":
                 plan = self.bundle.votes[item.vote].plan_batch(
-                    [sentences], [item.epsilon], texts=[item.sentences]
+                    [sentences],
+                    [item.epsilon],
+                    texts=[item.sentences],
+                    bounded_range=item.bounded_range,
                 )
                 self.journal.append(item.charge_id)
                 results.append(

@@ -27,6 +27,9 @@ BUNDLE = tiny_bundle()
 VERSION = "sentdp-unit:v1"
 ACME = Tenant(id="acme", key_sha256=["a" * 64], max_epsilon=10, group_size=1, budget=100)
 PAIRS = Tenant(id="pairs", key_sha256=["b" * 64], max_epsilon=10, group_size=2, budget=10)
+UNSEEDED_FIT = 1e-5
+"""The draws below come from the CSPRNG: a right flow fails a fit with this probability."""
+
 TEXT = "The striker scored twice. The crowd cheered. The manager was pleased."
 
 
@@ -146,21 +149,25 @@ def test_classify_draws_the_vote_where_the_bundle_says_so_and_releases_the_label
     assert "label_mechanism" not in body["documents"][0]
 
 
-@pytest.mark.parametrize("second_vote", [False, True])
+@pytest.mark.parametrize(
+    ("second_vote", "by_count"), [(False, False), (True, False), (False, True)]
+)
 def test_the_vote_of_a_request_follows_its_exact_distribution(
-    ledger: SqlLedger, second_vote: bool
+    ledger: SqlLedger, second_vote: bool, by_count: bool
 ) -> None:
-    """With two votes, the one the p table names for the request's epsilon draws the label."""
+    """With two votes, the one the p table names for the request's epsilon draws the label;
+    a vote by count draws a one-sentence document from the calibrated distribution."""
     from scipy.stats import chisquare
 
     from sentdp.labels import vote_log_probs
 
-    bundle = tiny_bundle(vote=True, second_vote=second_vote)
+    bundle = tiny_bundle(vote=True, second_vote=second_vote, by_count=by_count)
     worker = FakeWorker(bundle)
     flow = charging(ledger, worker, bundle=bundle)
-    sentences = ["Shares fell.", "The match was won.", "A new phone."]
+    sentences = ["The team lost."] if by_count else ["Shares fell.", "The match was won."]
+    sentences += [] if by_count else ["A new phone."]
     counts = dict.fromkeys(bundle.labels, 0)
-    for n in range(400):
+    for n in range(1000 if by_count else 400):  # 4,000 draws tell the two apart
         documents = [{"sentences": sentences}] * 4
         _, body = run(
             flow, request(user=f"u{n}", epsilon=1.0, with_labels=True, documents=documents)
@@ -168,12 +175,59 @@ def test_the_vote_of_a_request_follows_its_exact_distribution(
         for document in body["documents"]:
             counts[document["label"]] += 1
     embedded = np.stack([embed(s) for s in sentences])
-    exact = [np.exp(vote_log_probs(vote.deviations(embedded), 1.0)) for vote in bundle.votes]
+    exact = [np.exp(vote.log_probs(embedded, 1.0)) for vote in bundle.votes]
     observed = [counts[label] for label in bundle.labels]
     used = 1 if second_vote else 0
-    assert chisquare(observed, exact[used] * sum(observed)).pvalue > 1e-3
+    assert chisquare(observed, exact[used] * sum(observed)).pvalue > UNSEEDED_FIT
     if second_vote:  # the other vote's distribution is told apart: the test sees which ran
         assert chisquare(observed, exact[0] * sum(observed)).pvalue < 1e-6
+    if by_count:  # ... and so is permute-and-flip's
+        flip = np.exp(vote_log_probs(bundle.votes[0].deviations(embedded), 1.0))
+        assert chisquare(observed, flip * sum(observed)).pvalue < 1e-6
+
+
+def test_a_zcdp_tenant_s_votes_are_drawn_with_bounded_range(ledger: SqlLedger) -> None:
+    """A zCDP tenant pays rho = epsilon**2 / 8 per release, true of epsilon-bounded-range
+    mechanisms only: its votes come from the exponential mechanism, not from the vote's own
+    rule (permute-and-flip for these three-sentence documents), which a pure-epsilon tenant
+    of the same bundle gets."""
+    from scipy.stats import chisquare
+
+    zcdp = Tenant(
+        id="zed",
+        key_sha256=["c" * 64],
+        max_epsilon=10,
+        group_size=1,
+        budget=10_000,
+        accounting="zcdp",
+        delta=1e-6,
+    )
+    bundle = tiny_bundle(vote=True, by_count=True)
+    flow = charging(ledger, FakeWorker(bundle), bundle=bundle)
+    sentences = ["The team lost."] * 3
+    observed = {"zed": dict.fromkeys(bundle.labels, 0), "acme": dict.fromkeys(bundle.labels, 0)}
+    for n in range(500):  # 2,000 draws each
+        for tenant in (zcdp, ACME):
+            documents = [{"sentences": sentences}] * 4
+            _, body = run(
+                flow,
+                request(
+                    user=f"u{n}", epsilon=1.0, with_labels=True, documents=documents, tenant=tenant
+                ),
+            )
+            for document in body["documents"]:
+                assert document["label_mechanism"] == "sentence-vote"
+                observed[tenant.id][document["label"]] += 1
+    vote = bundle.votes[0]
+    embedded = np.stack([embed(s) for s in sentences])
+    bounded = np.exp(vote.log_probs(embedded, 1.0, bounded_range=True))
+    own = np.exp(vote.log_probs(embedded, 1.0))
+    zed = [observed["zed"][label] for label in bundle.labels]
+    acme = [observed["acme"][label] for label in bundle.labels]
+    assert chisquare(zed, bounded * sum(zed)).pvalue > UNSEEDED_FIT
+    assert chisquare(zed, own * sum(zed)).pvalue < 1e-6  # the test sees which ran
+    assert chisquare(acme, own * sum(acme)).pvalue > UNSEEDED_FIT
+    assert chisquare(acme, bounded * sum(acme)).pvalue < 1e-6
 
 
 def test_a_vote_s_epsilon_must_clear_the_vote_s_own_slack(ledger: SqlLedger) -> None:

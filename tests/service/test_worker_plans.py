@@ -24,6 +24,7 @@ def item(release: str, vote: int = 0, variant: str = "paper", epsilon: float = 1
         p=3,
         release=release,  # type: ignore[arg-type]
         vote=vote,
+        bounded_range=False,  # a pure-epsilon tenant's item
     )
 
 
@@ -88,3 +89,68 @@ def test_a_vote_that_reads_words_is_planned_with_each_item_s_own_sentences() -> 
     for n in (0, 2, 4):  # the words moved each plan: the test sees whose words were read
         (other,) = bundle.votes[1].plan_batch([documents[n]], [1.0], texts=[texts[(n + 2) % 5]])
         assert not same(plans[n], other)
+
+
+def test_a_vote_by_count_is_planned_with_each_item_s_own_sentence_count() -> None:
+    """Items of different lengths in one batch: each plan uses its own document's count (one
+    sentence draws from the calibrated distribution, which permute-and-flip's plan is not)."""
+    from sentdp.labels import vote_plan
+
+    bundle = tiny_bundle(vote=True, by_count=True)
+    mechanisms = {v.record.name: v.mechanism() for v in bundle.variants}
+    rng = np.random.default_rng(2)
+    documents = [rng.normal(size=(k, DIM)) * 5 for k in (1, 9, 2, 1)]
+    items = [item("vote") for _ in documents]
+    plans = plan_encoded(bundle, mechanisms, items, documents)
+    vote = bundle.votes[0]
+    for plan, document in zip(plans, documents, strict=True):
+        deviations = vote.deviations(document)
+        assert same(plan, vote_plan(deviations, 1.0, len(document)))
+    assert not same(plans[0], vote_plan(vote.deviations(documents[0]), 1.0))
+    assert same(plans[1], vote_plan(vote.deviations(documents[1]), 1.0))  # long: flip
+
+
+def test_a_bounded_range_vote_item_is_planned_with_the_exponential_mechanism() -> None:
+    """A zCDP tenant's item next to a pure tenant's, same vote and document, one batch: each
+    gets its own draw (a batch that planned both alike would fail here)."""
+    from sentdp.labels import bounded_vote_plan
+
+    bundle = tiny_bundle(vote=True, by_count=True)
+    mechanisms = {v.record.name: v.mechanism() for v in bundle.variants}
+    document = np.random.default_rng(3).normal(size=(1, DIM)) * 5
+    items = [item("vote").model_copy(update={"bounded_range": flag}) for flag in (True, False)]
+    bounded, own = plan_encoded(bundle, mechanisms, items, [document, document])
+    deviations = bundle.votes[0].deviations(document)
+    assert same(bounded, bounded_vote_plan(deviations, 1.0))
+    assert same(own, bundle.votes[0].plan_for(deviations, 1.0, 1))
+    assert not same(bounded, own)
+    # an item that does not say gets the draw that is private under either accountant
+    unsaid = WorkItem(charge_id=2, model="m", variant="paper", sentences=["A."], epsilon=1.0, p=3)
+    assert unsaid.bounded_range
+
+
+def test_documents_recoded_together_plan_as_each_alone() -> None:
+    """The worker recodes a group's rows with H at once: every plan must equal the plan of
+    its document recoded alone, bit for bit (documents of 1 to 70 sentences, across H's
+    64-row blocks)."""
+    import dataclasses
+
+    from sentdp.encoders import MLP, recode
+
+    bundle = tiny_bundle()
+    rng = np.random.default_rng(4)
+    h = MLP(
+        tuple(rng.normal(size=(DIM, DIM)) for _ in range(4)),
+        tuple(rng.normal(size=DIM) for _ in range(4)),
+    )
+    paper = dataclasses.replace(bundle.variants[0], recoder=h)
+    bundle = dataclasses.replace(bundle, variants=(paper, *bundle.variants[1:]))
+    mechanisms = {v.record.name: v.mechanism() for v in bundle.variants}
+    documents = [rng.normal(size=(k, DIM)) for k in (1, 19, 70, 3, 64, 5)]
+    items = [item("candidate", epsilon=1.0 + n) for n in range(len(documents))]
+    plans = plan_encoded(bundle, mechanisms, items, documents)
+    for plan, document, it in zip(plans, documents, items, strict=True):
+        (alone,) = mechanisms["paper"].plan_batch([recode(h, document)], [it.epsilon], [3])
+        assert same(plan, alone)
+    (unrecoded,) = mechanisms["paper"].plan_batch([documents[1]], [2.0], [3])
+    assert not same(plans[1], unrecoded)  # H ran: the test sees it
