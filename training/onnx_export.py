@@ -268,18 +268,24 @@ def _input_maxima(graph: Path, nodes: Sequence[Any], feeds: Sequence[Any]) -> li
 def _smooth(
     model: Any, nodes: Sequence[Any], weights: dict[str, Any], maxima: Sequence[np.ndarray]
 ) -> None:
-    """SmoothQuant each node: x W = (x / s) (s W), s per input channel, in place."""
+    """SmoothQuant each node: x W = (x / s) (s W), s per input channel, in place. Each node
+    gets its own scaled copy of W, so a weight that several nodes share (tied weights, or a
+    MatMul's weight that a Gather also reads) is never scaled twice or under another reader."""
     from onnx import helper, numpy_helper
 
+    replaced: set[str] = set()
     for node, x_max in zip(nodes, maxima, strict=True):
-        weight = weights[node.input[1]]
-        w = numpy_helper.to_array(weight).astype(np.float32)
+        source = node.input[1]
+        w = numpy_helper.to_array(weights[source]).astype(np.float32)
         w_max = np.abs(w).max(axis=1)
         scale = np.maximum(x_max, 1e-5) ** SMOOTH_ALPHA / np.maximum(w_max, 1e-5) ** (
             1 - SMOOTH_ALPHA
         )
         scale = scale.astype(np.float32)
-        weight.CopyFrom(numpy_helper.from_array(w * scale[:, None], weight.name))
+        scaled = f"{source}_smoothed_for_{node.name}"
+        model.graph.initializer.append(numpy_helper.from_array(w * scale[:, None], scaled))
+        node.input[1] = scaled
+        replaced.add(source)
         inverse = f"{node.name}_smooth_inverse"
         model.graph.initializer.append(numpy_helper.from_array(1 / scale, inverse))
         smoothed = f"{node.input[0]}_smoothed_for_{node.name}"
@@ -289,3 +295,21 @@ def _smooth(
         )
         model.graph.node.insert(position, mul)
         node.input[0] = smoothed
+    read = _names_read(model.graph)
+    unread = [init for init in model.graph.initializer if init.name in replaced - read]
+    for init in unread:  # an original no node reads any more
+        model.graph.initializer.remove(init)
+
+
+def _names_read(graph: Any) -> set[str]:
+    """Every name a node of ``graph`` or of its subgraphs reads, and the graph's outputs."""
+    names = {output.name for output in graph.output}
+    for node in graph.node:
+        names.update(node.input)
+        for attribute in node.attribute:
+            subgraphs = list(attribute.graphs)
+            if attribute.HasField("g"):
+                subgraphs.append(attribute.g)
+            for sub in subgraphs:
+                names |= _names_read(sub)
+    return names
