@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation.audit_stats import fit_pvalue, lower_bound, ratio_bound
+from evaluation.audit_stats import fit_pvalue, lower_bound, range_bound, ratio_bound
 from sentdp.accounting import charge_for, epsilon_of_charge
 from sentdp.bundle import Bundle
 from sentdp.encoders import Encoder, recode
@@ -81,6 +81,11 @@ class PairResult:
     fit_pvalue: float = 1.0
     """Chi-square p-value (both sides, Bonferroni) of the outcomes against the bundle's exact
     distribution: tiny when the deployment does not run the mechanism it claims."""
+    exact_range: float | None = None
+    """For a zCDP tenant: the pair's exact privacy-loss range (``max_o L(o) - min_o L(o)``)
+    under the draw the tenant should get, which must stay within epsilon."""
+    range_lower_bound: float | None = None
+    """For a zCDP tenant: the empirical lower bound on that range (the deployment's draw)."""
 
     @property
     def misfit(self) -> bool:
@@ -88,6 +93,9 @@ class PairResult:
 
     @property
     def flagged(self) -> bool:
+        """The loss, or for a zCDP tenant its range, provably above epsilon."""
+        if self.range_lower_bound is not None and self.range_lower_bound > self.epsilon:
+            return True
         return self.lower_bound > self.epsilon
 
 
@@ -137,6 +145,14 @@ class ExactLoss:
         a, b = self._pair(pair, epsilon)
         possible = np.isfinite(a) | np.isfinite(b)  # a label no candidate has: never drawn
         return float(np.max(np.abs(a[possible] - b[possible])))
+
+    def loss_range(self, pair: Pair, epsilon: float) -> float:
+        """The pair's exact privacy-loss range ``max_o L(o) - min_o L(o)`` over the outcomes
+        either side can draw (zCDP charges rho = epsilon**2 / 8 only where it is <= epsilon)."""
+        a, b = self._pair(pair, epsilon)
+        possible = np.isfinite(a) & np.isfinite(b)
+        shifts = a[possible] - b[possible]
+        return float(shifts.max() - shifts.min())
 
     def _pair(self, pair: Pair, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
         return (
@@ -393,7 +409,16 @@ def audit_pair(
     first, second = pair.inputs()
     d = sampler(first, epsilon, samples)
     d2 = sampler(second, epsilon, samples)
-    bound = lower_bound(d, d2, confidence, loss.events(pair, epsilon, samples))
+    events = loss.events(pair, epsilon, samples)
+    spread: dict[str, float] = {}
+    if loss.bounded_range:  # a zCDP tenant: its loss range is tested too, at half the error
+        confidence = 1 - (1 - confidence) / 2
+        raised, lowered = events
+        spread = {
+            "exact_range": loss.loss_range(pair, epsilon),
+            "range_lower_bound": range_bound(d, d2, raised, lowered, confidence),
+        }
+    bound = lower_bound(d, d2, confidence, events)
     return PairResult(
         pair=pair.name,
         epsilon=epsilon,
@@ -407,6 +432,7 @@ def audit_pair(
         sentences=len(pair.d),
         planned_samples=loss.planned_samples(pair, epsilon),
         fit_pvalue=loss.fit(pair, epsilon, d, d2),
+        **spread,
     )
 
 
@@ -431,6 +457,12 @@ def _confidence(run: RunInfo, results: list[PairResult]) -> str:
     )
 
 
+def _range_cell(result: PairResult) -> str:
+    if result.range_lower_bound is None or result.exact_range is None:
+        return "-"
+    return f"{result.exact_range:.3f} / {result.range_lower_bound:.3f}"
+
+
 def write_report(results: list[PairResult], out: Path, run: RunInfo) -> None:
     out.mkdir(parents=True, exist_ok=True)
     body = {"run": asdict(run), "pairs": [asdict(r) for r in results]}
@@ -446,15 +478,15 @@ def write_report(results: list[PairResult], out: Path, run: RunInfo) -> None:
         "",
         "| pair | input | k | declared ε | exact ε of the pair | empirical lower bound "
         "| samples/side | samples/side for half the exact ε (planned) | fit to the bundle (χ² p) "
-        "| flagged |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| loss range, exact / lower bound (zCDP: ≤ ε) | flagged |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {r.pair} | {r.form} | {r.sentences} | {r.epsilon:g} | {r.exact_epsilon:.3f} "
         f"| {r.lower_bound:.3f} | {r.samples_per_side:,} "
         f"| {'-' if r.planned_samples is None else f'{r.planned_samples:,}'} "
         f"| {r.fit_pvalue:.3g}{' **misfit**' if r.misfit else ''} "
-        f"| {'**yes**' if r.flagged else 'no'} |"
+        f"| {_range_cell(r)} | {'**yes**' if r.flagged else 'no'} |"
         for r in results
     ]
     (out / "audit.md").write_text("\n".join(lines) + "\n")

@@ -173,9 +173,14 @@ def _run(
         for epsilon, samples, pair in plan:
             sampler = samplers[pair.endpoint]
             result = audit_pair(pair, epsilon, samples, sampler, loss, confidence=each)
+            spread = (
+                ""
+                if result.range_lower_bound is None
+                else f", range lower bound {result.range_lower_bound:.3f}"
+            )
             progress.console.print(
                 f"ε={epsilon:g} {pair.name}: exact {result.exact_epsilon:.3f}, "
-                f"lower bound {result.lower_bound:.3f}, fit p {result.fit_pvalue:.3g}"
+                f"lower bound {result.lower_bound:.3f}{spread}, fit p {result.fit_pvalue:.3g}"
                 f"{' FLAGGED' if result.flagged else ''}{' MISFIT' if result.misfit else ''}"
             )
             results.append(result)

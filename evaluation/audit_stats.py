@@ -153,3 +153,33 @@ def fit_pvalue(
     observed = np.bincount(cell_of[drawn], minlength=len(cells))
     expected = np.asarray(cells) * n / sum(cells)
     return float(chisquare(observed, expected).pvalue)
+
+
+def range_bound(
+    outcomes_d: Sequence[int],
+    outcomes_d2: Sequence[int],
+    raised: set[int],
+    lowered: set[int],
+    confidence: float,
+) -> float:
+    """A lower bound on the pair's privacy-loss range: ``ln P(E1)/Q(E1) - ln P(E2)/Q(E2)``
+    for public events E1 (``raised`` by D over D') and E2 (``lowered``), P the outcomes of
+    D and Q those of D'. An event's log ratio lies between its outcomes' extremes, so this
+    is below ``sup_o L(o) - inf_o L(o)``, which an epsilon-bounded-range mechanism (the
+    premise of rho = epsilon**2 / 8 in zCDP) keeps at or below epsilon."""
+    alpha = (1 - confidence) / 2  # two events
+    up = ratio_bound(
+        sum(o in raised for o in outcomes_d),
+        sum(o in raised for o in outcomes_d2),
+        len(outcomes_d),
+        len(outcomes_d2),
+        alpha,
+    )
+    down = ratio_bound(
+        sum(o in lowered for o in outcomes_d2),
+        sum(o in lowered for o in outcomes_d),
+        len(outcomes_d2),
+        len(outcomes_d),
+        alpha,
+    )
+    return up + down

@@ -18,6 +18,7 @@ from evaluation.audit import (
     ABBREVIATED,
     Document,
     ExactLoss,
+    Pair,
     RunInfo,
     adversarial_pairs,
     audit_pair,
@@ -122,6 +123,60 @@ def test_the_planner_asks_more_samples_of_a_weaker_pair(loss: ExactLoss, texts: 
     one = next(p for p in adversarial_pairs(texts, loss, 1.0, 1) if p.name == "one-sentence")
     assert loss(one, 1.0) < 0.01
     assert loss.planned_samples(one, 1.0) is None
+
+
+def vote_sampler(loss: ExactLoss, bounded_range: bool, seed: int = 0):  # type: ignore[no-untyped-def]
+    """/classify in this process: labels drawn from the vote's exact distribution, by the
+    bounded-range exponential mechanism or by the vote's own rule."""
+    generator = np.random.default_rng(seed)
+
+    def sample(document: Document, epsilon: float, n: int) -> list[int]:
+        assert not isinstance(document, str)
+        vote = loss.bundle.vote_for(epsilon)
+        run_at = epsilon_of_charge(charge_for(epsilon))
+        log_probs = vote.log_probs(
+            loss.encoder.encode(document), run_at, document, bounded_range=bounded_range
+        )
+        probabilities = np.exp(log_probs)
+        return [int(o) for o in generator.choice(len(probabilities), n, p=probabilities)]
+
+    return sample
+
+
+def test_a_zcdp_audit_flags_a_vote_draw_whose_loss_range_exceeds_epsilon(
+    loss: ExactLoss,
+) -> None:
+    """rho = epsilon**2 / 8 needs the loss range within epsilon: a deployment that drew a
+    zCDP tenant's votes by the vote's own rule (one sentence: range about 2 epsilon) is
+    flagged by the range although no single outcome's loss exceeds epsilon."""
+    assert loss.bundle.manifest.choice_for(1.0).label == "vote"
+    assert loss.bundle.manifest.vote_by_count
+    zcdp = ExactLoss(loss.bundle, loss.encoder, bounded_range=True)
+    pair = Pair(
+        "label-one-sentence",
+        ["The striker scored twice in the second half."],
+        ["Shares in the bank fell sharply on Monday."],
+        endpoint="classify",
+    )
+    honest = audit_pair(pair, 1.0, 4000, vote_sampler(zcdp, True), zcdp, confidence=0.999)
+    assert honest.exact_range is not None
+    assert honest.exact_range <= 1.0
+    assert honest.exact_range > 0.99  # the pair reaches the range: the test has power
+    assert honest.range_lower_bound is not None
+    assert 0 < honest.range_lower_bound < 1.0
+    assert not honest.flagged, honest
+
+    regressed = audit_pair(pair, 1.0, 4000, vote_sampler(zcdp, False), zcdp, confidence=0.999)
+    assert regressed.lower_bound <= 1.0  # no outcome's loss is provably above epsilon ...
+    assert regressed.range_lower_bound is not None
+    assert regressed.range_lower_bound > 1.0
+    assert regressed.flagged  # ... but the range is
+    assert regressed.misfit  # and the draws do not follow the bounded-range distribution
+
+    pure = audit_pair(pair, 1.0, 4000, vote_sampler(loss, False), loss, confidence=0.999)
+    assert pure.range_lower_bound is None
+    assert pure.exact_range is None
+    assert not pure.flagged  # a pure tenant's own rule is epsilon-DP: nothing to flag
 
 
 @pytest.fixture(scope="module")
