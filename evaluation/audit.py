@@ -148,10 +148,12 @@ class ExactLoss:
 
     def loss_range(self, pair: Pair, epsilon: float) -> float:
         """The pair's exact privacy-loss range ``max_o L(o) - min_o L(o)`` over the outcomes
-        either side can draw (zCDP charges rho = epsilon**2 / 8 only where it is <= epsilon)."""
+        either side can draw (zCDP charges rho = epsilon**2 / 8 only where it is <= epsilon);
+        infinite where one side can draw an outcome the other cannot."""
         a, b = self._pair(pair, epsilon)
-        possible = np.isfinite(a) & np.isfinite(b)
-        shifts = a[possible] - b[possible]
+        possible = np.isfinite(a) | np.isfinite(b)  # a label no candidate has: never drawn
+        with np.errstate(invalid="ignore"):
+            shifts = a[possible] - b[possible]
         return float(shifts.max() - shifts.min())
 
     def _pair(self, pair: Pair, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
@@ -452,8 +454,8 @@ def _confidence(run: RunInfo, results: list[PairResult]) -> str:
     if run.confidence is None:
         return "Each bound holds with 95% confidence on its own."
     return (
-        f"All {len(results)} bounds hold together with {run.confidence:.0%} confidence "
-        "(Bonferroni over the pairs)."
+        f"The bounds of all {len(results)} pairs (a zCDP tenant's pair has two: its loss and "
+        f"its loss range) hold together with {run.confidence:.0%} confidence (Bonferroni)."
     )
 
 

@@ -49,9 +49,10 @@ from sentdp.onnx_encoder import (
     pooling_of,
 )
 
-EXPORT_FORMAT = 4
+EXPORT_FORMAT = 5
 """Bumped when the exported graph changes for the same encoder files (2: pooling outside;
-4: int8 quantizes every weight product, each smoothed), so the export cache never hands
+4: int8 quantizes every weight product, each smoothed; 5: each product smooths its own
+copy of its weight), so the export cache never hands
 back a graph of an older kind."""
 POOLING_TOLERANCE = 1e-5
 """How far sentdp's pooling may be from the stack's own on the export's example batch."""
@@ -198,10 +199,7 @@ def _quantize(float_graph: Path, work: Path, calibration: Sequence[str]) -> None
     prepared = work / "onnx" / "prepared.onnx"
     quant_pre_process(str(float_graph), str(prepared), skip_symbolic_shape=True)
     model = onnx.load(str(prepared))
-    weights = {init.name: init for init in model.graph.initializer}
-    products = [node for node in model.graph.node if _weight_of(node, weights) is not None]
-    if not products:
-        raise InputError("the encoder's graph has no weight products to quantize")
+    weights, products = _products(model)
 
     floats = OnnxSentenceEncoder(work, "onnx", batch_size=CALIBRATION_BATCH)
     buckets = length_buckets(floats.max_tokens)
@@ -235,6 +233,20 @@ def _quantize(float_graph: Path, work: Path, calibration: Sequence[str]) -> None
         extra_options={"OpTypesToExcludeOutputQuantization": ["MatMul"]},
     )
     prepared.unlink()
+
+
+def _products(model: Any) -> tuple[dict[str, Any], list[Any]]:
+    """The graph's constant weights by name and the MatMul nodes that multiply by one (the
+    products to smooth and quantize, which both find by node name)."""
+    inputs = {value.name for value in model.graph.input}  # overridable: not constants
+    weights = {init.name: init for init in model.graph.initializer if init.name not in inputs}
+    products = [node for node in model.graph.node if _weight_of(node, weights) is not None]
+    if not products:
+        raise InputError("the encoder's graph has no weight products to quantize")
+    names = [node.name for node in products]
+    if not all(names) or len(set(names)) != len(names):
+        raise InputError("the encoder's graph needs a unique name on every weight product")
+    return weights, products
 
 
 def _weight_of(node: Any, weights: dict[str, Any]) -> Any:
@@ -282,7 +294,7 @@ def _smooth(
             1 - SMOOTH_ALPHA
         )
         scale = scale.astype(np.float32)
-        scaled = f"{source}_smoothed_for_{node.name}"
+        scaled = f"{source}_smooth_weight_for_{node.name}"
         model.graph.initializer.append(numpy_helper.from_array(w * scale[:, None], scaled))
         node.input[1] = scaled
         replaced.add(source)
@@ -295,7 +307,7 @@ def _smooth(
         )
         model.graph.node.insert(position, mul)
         node.input[0] = smoothed
-    read = _names_read(model.graph)
+    read = _names_read(model.graph) | {value.name for value in model.graph.input}
     unread = [init for init in model.graph.initializer if init.name in replaced - read]
     for init in unread:  # an original no node reads any more
         model.graph.initializer.remove(init)

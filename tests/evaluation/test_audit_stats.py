@@ -7,7 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from evaluation.audit_stats import clopper_pearson, fit_pvalue, lower_bound
+from evaluation.audit_stats import (
+    clopper_pearson,
+    fit_pvalue,
+    lower_bound,
+    range_bound,
+    ratio_bound,
+)
 
 
 def exponential_samples(epsilon: float, shift: int, n: int, seed: int) -> np.ndarray:
@@ -88,3 +94,28 @@ def test_the_fit_test_accepts_honest_draws_from_a_few_skewed_outcomes(
     ]
     assert min(values) > 1e-4  # the audit's misfit level: none of 50 honest runs
     assert np.mean(np.array(values) < 0.05) < 0.2  # about 5% expected below 0.05
+
+
+def test_the_range_bound_adds_both_directions_each_at_half_the_error() -> None:
+    d = [0] * 500 + [1] * 300 + [2] * 200
+    d2 = [0] * 300 + [1] * 300 + [2] * 400
+    expected = ratio_bound(500, 300, 1000, 1000, 0.05 / 2) + ratio_bound(
+        400, 200, 1000, 1000, 0.05 / 2
+    )
+    assert range_bound(d, d2, {0}, {2}, 0.95) == pytest.approx(expected)
+    assert expected > ratio_bound(500, 300, 1000, 1000, 0.05)  # more than either end alone
+    assert range_bound(d, d2, {2}, {0}, 0.95) == 0.0  # events the wrong way round prove nothing
+
+
+def test_the_range_bound_holds_at_its_confidence() -> None:
+    """Two outcomes, P = (0.6, 0.4) and Q = (0.4, 0.6): range 2 ln 1.5. The bound exceeds
+    it in at most 1 - confidence of repeated audits (Clopper-Pearson: far fewer)."""
+    rng = np.random.default_rng(7)
+    true_range = 2 * math.log(1.5)
+    bounds = []
+    for _ in range(400):
+        d = (rng.random(2000) >= 0.6).astype(int)  # outcome 0 with probability 0.6
+        d2 = (rng.random(2000) >= 0.4).astype(int)
+        bounds.append(range_bound(d.tolist(), d2.tolist(), {0}, {1}, 0.9))
+    assert np.mean(np.array(bounds) > true_range) <= 0.1
+    assert np.median(bounds) > 0.5 * true_range  # and it has power

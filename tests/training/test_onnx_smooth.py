@@ -11,7 +11,8 @@ ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from training.onnx_export import _smooth, _weight_of  # noqa: E402
+from sentdp.errors import InputError  # noqa: E402
+from training.onnx_export import _products, _smooth  # noqa: E402
 
 
 def shared_weight_graph(w: np.ndarray) -> onnx.ModelProto:
@@ -50,8 +51,7 @@ def test_smoothing_keeps_the_function_of_a_graph_that_shares_a_weight() -> None:
     model = shared_weight_graph(w)
     before = run(model, x, ids)
 
-    weights = {init.name: init for init in model.graph.initializer}
-    products = [node for node in model.graph.node if _weight_of(node, weights) is not None]
+    weights, products = _products(model)
     assert [node.name for node in products] == ["first", "second"]
     a = x @ w
     maxima = [np.abs(x).max(axis=0), np.abs(a).max(axis=0)]
@@ -61,8 +61,8 @@ def test_smoothing_keeps_the_function_of_a_graph_that_shares_a_weight() -> None:
 
     np.testing.assert_allclose(after[0], before[0], rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(after[1], before[1])  # the Gather still reads W itself
-    scaled = {init.name for init in model.graph.initializer if "_smoothed_for_" in init.name}
-    assert scaled == {"w_smoothed_for_first", "w_smoothed_for_second"}  # a copy per product
+    scaled = {init.name for init in model.graph.initializer if "_smooth_weight_" in init.name}
+    assert scaled == {"w_smooth_weight_for_first", "w_smooth_weight_for_second"}  # one each
 
 
 def test_an_original_weight_no_node_reads_any_more_is_dropped() -> None:
@@ -72,11 +72,25 @@ def test_an_original_weight_no_node_reads_any_more_is_dropped() -> None:
     del model.graph.node[2]  # no Gather: only the two products read W
     del model.graph.output[1]
     del model.graph.input[1]
-    weights = {init.name: init for init in model.graph.initializer}
-    products = list(model.graph.node)
+    weights, products = _products(model)
     x = rng.normal(size=(3, 8)).astype(np.float32)
     _smooth(model, products, weights, [np.abs(x).max(axis=0), np.abs(x @ w).max(axis=0)])
     assert "w" not in {init.name for init in model.graph.initializer}
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     (b,) = session.run(["b"], {"x": x})
     np.testing.assert_allclose(b, x @ w @ w, rtol=1e-5, atol=1e-4)
+
+
+def test_a_weight_the_caller_can_feed_is_not_smoothed_and_unnamed_products_are_refused() -> None:
+    w = np.eye(8, dtype=np.float32)
+    model = shared_weight_graph(w)
+    model.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 8]))
+    with pytest.raises(InputError, match="no weight products"):
+        _products(model)  # W is an input with a default: smoothing it would not be x W
+    model = shared_weight_graph(w)
+    model.graph.node[1].name = ""
+    with pytest.raises(InputError, match="unique name"):
+        _products(model)
+    model.graph.node[1].name = "first"
+    with pytest.raises(InputError, match="unique name"):
+        _products(model)
