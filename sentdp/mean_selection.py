@@ -17,12 +17,20 @@ Exactness: the floor-safe sampler of :mod:`sentdp.sampling` draws over integer d
 so distances are rounded to ``1 / UNITS`` of the utility's scale: ``dev(f) = round(UNITS * k
 ||f - mu|| / R)`` (then shifted by its minimum, which leaves the distribution unchanged).
 Replacing a row moves the real ``UNITS * k ||f - mu|| / R`` by at most ``2 UNITS``, and
-rounding (plus float error far below one unit) by at most 1 more, so a deviation moves by at
-most ``2 UNITS + 1 < 2 (UNITS + 1)``. The plan runs at ``epsilon' / (UNITS + 1)`` in
-DeepCandidate's deviation units (a deviation change of 2 costs epsilon' there), so the
-mechanism is epsilon'-SentDP, with ``epsilon' = epsilon - eta`` covering the sampler's float
-error exactly as for DeepCandidate (:func:`sentdp.mechanism.privacy_slack`). The rounding
-costs a factor ``UNITS / (UNITS + 1)`` of epsilon in sharpness, not in privacy.
+rounding, being monotone, keeps integer deviations within that too. The plan runs at
+``epsilon' / (UNITS + 1)`` in DeepCandidate's deviation units (a deviation change of 2 costs
+epsilon' there), so a deviation may move by up to ``2 UNITS + 2``: two units of slack for
+float error. Everything is computed in units of R (candidates divided by R, each row as its
+direction times its clipped length, norms taken of rows divided by their largest entry), so
+no square underflows or overflows; the mean is summed
+pairwise, and with at most :data:`MAX_SENTENCES` rows in a ball of radius 1 its error, times
+``UNITS * k``, stays below 1e-3 units. The mechanism is epsilon'-SentDP with ``epsilon' =
+epsilon - eta`` covering the sampler's float error exactly as for DeepCandidate
+(:func:`sentdp.mechanism.privacy_slack`).
+
+Refusals are outputs too: every refusal depends on public values only (k, R, the
+candidates, epsilon), never on a sentence's embedding, beyond its being finite and of the
+right size.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from sentdp.errors import InputError
+from sentdp.errors import InputError, InternalError
 from sentdp.mechanism import (
     DeepCandidate,
     floored_log_probs,
@@ -47,15 +55,33 @@ IntArray = npt.NDArray[np.int64]
 UNITS = 64
 """Deviation units per unit of utility: distances are rounded to 1/64 of a utility unit."""
 MAX_DEVIATION = 2**40
-"""Deviations stay far inside int64 and the sampler's level arithmetic (k up to millions)."""
+"""Deviations stay far inside int64 and the sampler's level arithmetic."""
+MAX_SENTENCES = 2**20
+"""The longest document: bounds the float error of the mean (see the module docstring)."""
+RADII = (2.0**-100, 2.0**100)
+"""The clipping radius's range: far from where its reciprocal could underflow or overflow."""
 
 
 def clipped_mean(sentences: npt.ArrayLike, radius: float) -> FloatArray:
     """The mean of the rows of ``sentences``, each first scaled to norm at most ``radius``."""
-    rows = _rows(sentences)
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
-    scale = np.minimum(1.0, radius / np.maximum(norms, np.finfo(np.float64).tiny))
-    mean: FloatArray = (rows * scale).mean(axis=0)
+    r = _radius(radius)
+    mean: FloatArray = _unit_clipped_mean(_rows(sentences), r) * r
+    return mean
+
+
+def _unit_clipped_mean(rows: FloatArray, radius: float) -> FloatArray:
+    """The mean, in units of ``radius``, of the rows clipped to norm ``radius``: each row is
+    its direction (from the row divided by its largest entry, so no square underflows or
+    overflows) times ``min(norm / radius, 1)``, and the rows are summed pairwise (NumPy sums
+    pairwise along the contiguous axis)."""
+    largest = np.abs(rows).max(axis=1, keepdims=True)
+    unit = rows / np.where(largest > 0, largest, 1.0)  # entries in [-1, 1]
+    norms = np.linalg.norm(unit, axis=1, keepdims=True)  # in [1, sqrt(d)], or 0 for a zero row
+    with np.errstate(over="ignore", under="ignore"):
+        length = np.minimum(largest * norms / radius, 1.0)
+    direction = unit / np.where(norms > 0, norms, 1.0)
+    clipped = np.ascontiguousarray((direction * length).T)
+    mean: FloatArray = clipped.sum(axis=1) / rows.shape[0]
     return mean
 
 
@@ -72,20 +98,33 @@ class MeanCandidate:
             raise InputError(f"candidates must be a non-empty (m, d) array, got {c.shape}")
         if not np.isfinite(c).all():
             raise InputError("candidates must be finite")
-        if isinstance(radius, bool) or not (math.isfinite(radius) and radius > 0):
-            raise InputError(f"the clipping radius must be a finite number > 0, got {radius!r}")
+        self.radius = _radius(radius)
         self.candidates = c
-        self.radius = float(radius)
+        self._scaled = c / self.radius
+        self._reach = float(np.linalg.norm(self._scaled, axis=1).max()) + 1.0
         self.m, self.dim = c.shape
+        if not (np.isfinite(self._scaled).all() and math.isfinite(self._reach)) or (
+            self.longest() < 1
+        ):
+            raise InputError("the candidates are too far from the origin for this radius")
+
+    def longest(self) -> int:
+        """The most sentences a document may have (public: from the candidates and R)."""
+        return int(min(MAX_SENTENCES, (MAX_DEVIATION - 1) // (UNITS * self._reach)))
 
     def deviations(self, sentences: npt.ArrayLike) -> IntArray:
         """(m,) integer deviations ``round(UNITS k ||f - mu|| / R)`` less their minimum."""
         rows = _rows(sentences, self.dim)
-        mu = clipped_mean(rows, self.radius)
-        distances = np.linalg.norm(self.candidates - mu, axis=1)
-        scaled = UNITS * rows.shape[0] * distances / self.radius
-        if not (np.isfinite(scaled).all() and scaled.max() < MAX_DEVIATION):
-            raise InputError("the document is too long for the mean-distance mechanism")
+        k = rows.shape[0]
+        if k > self.longest():  # public: k, the candidates and R decide, not the rows
+            raise InputError(
+                f"a document may have at most {self.longest()} sentences for this mechanism"
+            )
+        mu = _unit_clipped_mean(rows, self.radius)
+        distances = np.linalg.norm(self._scaled - mu, axis=1)
+        scaled = UNITS * k * distances
+        if not (np.isfinite(scaled).all() and scaled.max() < MAX_DEVIATION):  # cannot happen
+            raise InternalError("a mean-distance deviation left its public bound")
         rounded = np.rint(scaled).astype(np.int64)
         shifted: IntArray = rounded - rounded.min()
         return shifted
@@ -129,3 +168,12 @@ def _rows(sentences: npt.ArrayLike, dim: int | None = None) -> FloatArray:
     if not np.isfinite(array).all():
         raise InputError("sentence embeddings must be finite (no NaN or infinity)")
     return array
+
+
+def _radius(radius: float) -> float:
+    if isinstance(radius, bool) or not isinstance(radius, int | float | np.floating):
+        raise InputError(f"the clipping radius must be a number, got {type(radius).__name__}")
+    r = float(radius)
+    if not (math.isfinite(r) and RADII[0] <= r <= RADII[1]):
+        raise InputError(f"the clipping radius must lie in [2**-100, 2**100], got {radius!r}")
+    return r
