@@ -168,18 +168,11 @@ def range_bound(
     is below ``sup_o L(o) - inf_o L(o)``, which an epsilon-bounded-range mechanism (the
     premise of rho = epsilon**2 / 8 in zCDP) keeps at or below epsilon."""
     alpha = (1 - confidence) / 2  # two events
-    up = ratio_bound(
-        sum(o in raised for o in outcomes_d),
-        sum(o in raised for o in outcomes_d2),
-        len(outcomes_d),
-        len(outcomes_d2),
-        alpha,
-    )
-    down = ratio_bound(
-        sum(o in lowered for o in outcomes_d2),
-        sum(o in lowered for o in outcomes_d),
-        len(outcomes_d2),
-        len(outcomes_d),
-        alpha,
-    )
+    n, n2 = len(outcomes_d), len(outcomes_d2)
+    up = ratio_bound(_hits(outcomes_d, raised), _hits(outcomes_d2, raised), n, n2, alpha)
+    down = ratio_bound(_hits(outcomes_d2, lowered), _hits(outcomes_d, lowered), n2, n, alpha)
     return up + down
+
+
+def _hits(outcomes: Sequence[int], event: set[int]) -> int:
+    return sum(o in event for o in outcomes)
