@@ -135,8 +135,13 @@ class MeanCandidate:
 
     def log_probs(self, sentences: npt.ArrayLike, epsilon: float) -> FloatArray:
         """(m,) natural-log probabilities with which :meth:`sample_batch` picks each candidate."""
-        deviations = self.deviations(sentences).astype(np.float64)
-        return floored_log_probs(self.plan_epsilon(epsilon) * (-deviations / 2.0) / 2.0)
+        return self.log_probs_for(self.deviations(sentences), epsilon)
+
+    def log_probs_for(self, deviations: IntArray, epsilon: float) -> FloatArray:
+        """:meth:`log_probs` from known :meth:`deviations` (callers that reuse them across
+        epsilons)."""
+        utilities = -np.asarray(deviations, dtype=np.float64) / 2.0
+        return floored_log_probs(self.plan_epsilon(epsilon) * utilities / 2.0)
 
     def plan_batch(
         self, documents: Sequence[npt.ArrayLike], epsilons: Sequence[float]
