@@ -22,10 +22,10 @@ rounding, being monotone, keeps integer deviations within that too. The plan run
 epsilon' there), so a deviation may move by up to ``2 UNITS + 2``: two units of slack for
 float error. Everything is computed in units of R (candidates divided by R, each row as its
 direction times its clipped length, norms taken of rows divided by their largest entry), so
-no square underflows or overflows; the mean is summed
-pairwise, and with at most :data:`MAX_SENTENCES` rows in a ball of radius 1 its error, times
-``UNITS * k``, stays below 1e-3 units. The mechanism is epsilon'-SentDP with ``epsilon' =
-epsilon - eta`` covering the sampler's float error exactly as for DeepCandidate
+no square underflows or overflows; the mean is summed pairwise. With at most
+:data:`MAX_SENTENCES` rows in the unit ball and deviations below :data:`MAX_DEVIATION`, the
+float error of a deviation stays below 1e-3 units. The mechanism is epsilon'-SentDP with
+``epsilon' = epsilon - eta`` covering the sampler's float error exactly as for DeepCandidate
 (:func:`sentdp.mechanism.privacy_slack`).
 
 Refusals are outputs too: every refusal depends on public values only (k, R, the
