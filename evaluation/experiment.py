@@ -90,6 +90,18 @@ def evaluation_corpus(bundle: Bundle, settings: TrainingSettings) -> tuple[Corpu
     return corpus, stratified_splits(corpus, bundle.manifest.corpus.split_seed)
 
 
+def embedded_corpus(
+    bundle: Bundle, settings: TrainingSettings
+) -> tuple[Corpus, Splits, Encoder, CorpusEmbeddings]:
+    """The bundle's corpus and splits, its encoder (checked against the bundle) and every
+    document's sentence embeddings (cached), for the scripts that score a bundle's rules."""
+    corpus, splits = evaluation_corpus(bundle, settings)
+    bundle.check_encoder()
+    encoder = open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device)
+    embeddings = embed_corpus(corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter))
+    return corpus, splits, encoder, embeddings
+
+
 def run_evaluation(
     bundles: Sequence[Bundle],
     settings: TrainingSettings,

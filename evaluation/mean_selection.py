@@ -17,11 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evaluation.experiment import evaluation_corpus
+from evaluation.experiment import embedded_corpus
 from sentdp.bundle import Bundle
-from sentdp.encoders import open_encoder, recode
+from sentdp.encoders import recode
 from sentdp.mean_selection import MeanCandidate
-from training.embeddings import embed_corpus
 from training.p_selection import soft_macro_f1
 from training.settings import load_settings
 from training.store import load_from_store
@@ -48,10 +47,7 @@ class Row:
 def compare(bundle: Bundle, quantiles: Sequence[float] = RADIUS_QUANTILES) -> list[Row]:
     """One row per epsilon of the bundle's p table."""
     settings = load_settings()
-    corpus, splits = evaluation_corpus(bundle, settings)
-    bundle.check_encoder()
-    encoder = open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device)
-    embeddings = embed_corpus(corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter))
+    corpus, splits, _, embeddings = embedded_corpus(bundle, settings)
     class_of = {label: i for i, label in enumerate(corpus.labels)}
     validation = list(splits.validation)
     truth = [class_of[corpus.documents[i].label] for i in validation]

@@ -18,11 +18,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from evaluation.experiment import evaluation_corpus
+from evaluation.experiment import embedded_corpus
 from sentdp.bundle import Bundle
-from sentdp.encoders import open_encoder
 from sentdp.labels import exponential_vote_log_probs, vote_log_probs
-from training.embeddings import embed_corpus
 from training.p_selection import DEFAULT_EPSILONS, soft_macro_f1
 from training.settings import load_settings
 from training.store import load_from_store
@@ -43,10 +41,7 @@ def compare(
     if not bundle.votes:
         raise ValueError(f"{bundle.manifest.name} has no SentenceVote")
     settings = load_settings()
-    corpus, splits = evaluation_corpus(bundle, settings)
-    bundle.check_encoder()
-    encoder = open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device)
-    embeddings = embed_corpus(corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter))
+    corpus, splits, encoder, embeddings = embedded_corpus(bundle, settings)
     class_of = {label: i for i, label in enumerate(corpus.labels)}
     short_documents = [d for d in corpus.short if d.label in class_of] if short else []
     short_texts = [s for d in short_documents for s in d.sentences]

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluation.experiment import evaluation_corpus
+from evaluation.experiment import embedded_corpus
 from evaluation.mean_selection import compare
-from sentdp.encoders import open_encoder, recode
-from training.embeddings import embed_corpus
+from sentdp.encoders import recode
 from training.settings import load_settings
 from training.store import load_from_store
 
@@ -26,10 +25,7 @@ def test_the_mean_rule_is_scored_on_validation_beside_the_p_table(quick_bundle_t
     # the best cell again, by plain arithmetic: distances to the clipped mean, rounded to
     # 1/64, the plan at epsilon / 65 in deviation units (the floor and eta are negligible)
     row = rows[-1]
-    settings = load_settings()
-    corpus, splits = evaluation_corpus(bundle, settings)
-    encoder = open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device)
-    embeddings = embed_corpus(corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter))
+    corpus, splits, _, embeddings = embedded_corpus(bundle, load_settings())
     variant = bundle.variant(row.mean_variant)
     labels = variant.candidate_labels()
     classes = len(corpus.labels)
