@@ -142,19 +142,21 @@ class ExactLoss:
             return np.log(by_label)
 
     def __call__(self, pair: Pair, epsilon: float) -> float:
-        a, b = self._pair(pair, epsilon)
-        possible = np.isfinite(a) | np.isfinite(b)  # a label no candidate has: never drawn
-        return float(np.max(np.abs(a[possible] - b[possible])))
+        return float(np.max(np.abs(self._losses(pair, epsilon))))
 
     def loss_range(self, pair: Pair, epsilon: float) -> float:
         """The pair's exact privacy-loss range ``max_o L(o) - min_o L(o)`` over the outcomes
         either side can draw (zCDP charges rho = epsilon**2 / 8 only where it is <= epsilon);
         infinite where one side can draw an outcome the other cannot."""
+        losses = self._losses(pair, epsilon)
+        return float(losses.max() - losses.min())
+
+    def _losses(self, pair: Pair, epsilon: float) -> np.ndarray:
+        """``L(o) = ln P_D(o) - ln P_D'(o)`` for every outcome either side can draw."""
         a, b = self._pair(pair, epsilon)
         possible = np.isfinite(a) | np.isfinite(b)  # a label no candidate has: never drawn
-        with np.errstate(invalid="ignore"):
-            shifts = a[possible] - b[possible]
-        return float(shifts.max() - shifts.min())
+        losses: np.ndarray = a[possible] - b[possible]
+        return losses
 
     def _pair(self, pair: Pair, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
         return (

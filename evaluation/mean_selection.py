@@ -21,7 +21,7 @@ from evaluation.experiment import embedded_corpus
 from sentdp.bundle import Bundle
 from sentdp.encoders import recode
 from sentdp.mean_selection import MeanCandidate
-from training.p_selection import soft_macro_f1
+from training.p_selection import candidate_confusion, soft_macro_f1
 from training.settings import load_settings
 from training.store import load_from_store
 
@@ -68,12 +68,8 @@ def compare(bundle: Bundle, quantiles: Sequence[float] = RADIUS_QUANTILES) -> li
             mechanism = MeanCandidate(variant.candidates, float(np.quantile(norms, q)))
             deviations = [mechanism.deviations(d) for d in documents]
             for column, epsilon in enumerate(epsilons):
-                confusion = np.zeros((len(corpus.labels), len(corpus.labels)))
-                for devs, label in zip(deviations, truth, strict=True):
-                    probs = np.exp(mechanism.log_probs_for(devs, epsilon))
-                    confusion[label] += np.bincount(
-                        labels, weights=probs, minlength=len(corpus.labels)
-                    )
+                probabilities = (np.exp(mechanism.log_probs_for(d, epsilon)) for d in deviations)
+                confusion = candidate_confusion(probabilities, truth, labels, len(corpus.labels))
                 score = soft_macro_f1(confusion)
                 if score > best[column][0]:
                     best[column] = (score, record.name, q, mechanism.radius)

@@ -44,6 +44,7 @@ import numpy.typing as npt
 from sentdp.errors import InputError, InternalError
 from sentdp.mechanism import (
     DeepCandidate,
+    _as_sentences,
     floored_log_probs,
     mechanism_epsilon,
 )
@@ -65,7 +66,9 @@ RADII = (2.0**-100, 2.0**100)
 def clipped_mean(sentences: npt.ArrayLike, radius: float) -> FloatArray:
     """The mean of the rows of ``sentences``, each first scaled to norm at most ``radius``."""
     r = _radius(radius)
-    mean: FloatArray = _unit_clipped_mean(_rows(sentences), r) * r
+    rows = np.asarray(sentences, dtype=np.float64)
+    rows = _as_sentences(rows, rows.shape[-1] if rows.ndim else 0)
+    mean: FloatArray = _unit_clipped_mean(rows, r) * r
     return mean
 
 
@@ -114,7 +117,7 @@ class MeanCandidate:
 
     def deviations(self, sentences: npt.ArrayLike) -> IntArray:
         """(m,) integer deviations ``round(UNITS k ||f - mu|| / R)`` less their minimum."""
-        rows = _rows(sentences, self.dim)
+        rows = _as_sentences(sentences, self.dim)
         k = rows.shape[0]
         if k > self.longest():  # public: k, the candidates and R decide, not the rows
             raise InputError(
@@ -161,18 +164,6 @@ class MeanCandidate:
     ) -> IntArray:
         """One candidate index per document (epsilon-SentDP each), from the CSPRNG by default."""
         return DeepCandidate.draw_plans(self.plan_batch(documents, epsilons), rng)
-
-
-def _rows(sentences: npt.ArrayLike, dim: int | None = None) -> FloatArray:
-    array = np.asarray(sentences, dtype=np.float64)
-    if array.ndim != 2 or (dim is not None and array.shape[1] != dim):
-        wanted = f"(k, {dim})" if dim is not None else "(k, d)"
-        raise InputError(f"sentences must be a {wanted} array, got shape {array.shape}")
-    if array.shape[0] == 0:
-        raise InputError("a document needs at least one sentence")
-    if not np.isfinite(array).all():
-        raise InputError("sentence embeddings must be finite (no NaN or infinity)")
-    return array
 
 
 def _radius(radius: float) -> float:

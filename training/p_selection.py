@@ -9,7 +9,7 @@ identical choices and figures.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,9 +30,20 @@ def expected_confusion(
     epsilon: float,
 ) -> npt.NDArray[np.float64]:
     """(r, r) matrix: row = true class, column = expected count of each predicted class."""
+    probabilities = (np.exp(selection_log_probs(u, epsilon)) for u in utilities)
+    return candidate_confusion(probabilities, truth, candidate_labels, n_classes)
+
+
+def candidate_confusion(
+    probabilities: Iterable[npt.NDArray[np.float64]],
+    truth: Sequence[int],
+    candidate_labels: npt.NDArray[np.int64],
+    n_classes: int,
+) -> npt.NDArray[np.float64]:
+    """The expected confusion matrix of documents drawing candidates with these
+    ``probabilities``, each candidate standing for its class in ``candidate_labels``."""
     confusion = np.zeros((n_classes, n_classes))
-    for u, label in zip(utilities, truth, strict=True):
-        probs = np.exp(selection_log_probs(u, epsilon))
+    for probs, label in zip(probabilities, truth, strict=True):
         confusion[label] += np.bincount(candidate_labels, weights=probs, minlength=n_classes)
     return confusion
 
