@@ -7,7 +7,7 @@ validation at training time). The paper's recipe is a single variant; task-tuned
 compact, label-specific variants. Candidate ids are global across variants: variant v owns
 ids ``offset_v .. offset_v + m_v - 1``.
 
-Layout (format versions 1 to 5)::
+Layout (format versions 1 to 6)::
 
     manifest.json                   BundleManifest
     encoder/                        the sentence-transformers files of G (self-contained)
@@ -34,6 +34,9 @@ an older reader would drop the word logits and serve another classifier than the
 Version 5 adds votes drawn by the sentence-count rule (``vote_by_count``,
 :mod:`sentdp.count_calibrated`): an older reader would draw every vote by permute-and-flip,
 not the distribution validation scored.
+Version 6 adds epsilons whose candidate is drawn by distance to the clipped mean
+(``PChoice.selection`` "mean", :mod:`sentdp.mean_selection`): an older reader would draw it
+by Tukey depth with a meaningless p.
 """
 
 from __future__ import annotations
@@ -53,14 +56,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sentdp.encoders import MLP, backend_of, encoder_files_sha256, file_sha256
 from sentdp.errors import InputError
 from sentdp.labels import SentenceVote
+from sentdp.mean_selection import RADII, MeanCandidate
 from sentdp.mechanism import DeepCandidate
 from sentdp.words import TOKENIZER, WordFeatures
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 """The newest format this sentdp reads and writes (a bundle says the lowest version whose
 readers run it as trained: 1 by default, 2 with shared H, 3 with more than one vote, 4 with
-votes that read words, 5 with votes drawn by the sentence-count rule)."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+votes that read words, 5 with votes drawn by the sentence-count rule, 6 with candidates
+drawn by distance to the clipped mean)."""
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 MANIFEST = "manifest.json"
 MECHANISM_FILE = "mechanism.safetensors"
 VOTE_FILE = "label_vote.safetensors"
@@ -73,13 +78,15 @@ FloatArray = npt.NDArray[np.float64]
 
 
 class PChoice(BaseModel):
-    """Which variant and how many directions to use for one grid epsilon."""
+    """Which variant, selection rule and its parameter (p directions or a radius) to use for
+    one grid epsilon."""
 
     model_config = ConfigDict(frozen=True)
 
     epsilon: float = Field(gt=0)
     variant: str
     p: int = Field(ge=1)
+    """Tukey-depth directions (``selection`` "depth"); 1, and unused, for "mean"."""
     validation_macro_f1: float | None = None
     label: Literal["candidate", "vote"] = "candidate"
     """Where /classify's label comes from at this epsilon: the released candidate's class
@@ -88,6 +95,26 @@ class PChoice(BaseModel):
     """Expected validation macro-F1 of SentenceVote at this epsilon (when the bundle has one)."""
     vote_index: int = Field(default=0, ge=0)
     """Which of the bundle's votes runs at this epsilon (0 unless validation chose another)."""
+    selection: Literal["depth", "mean"] = "depth"
+    """How the candidate is drawn: DeepCandidate's Tukey depth over p directions, or the
+    exponential mechanism on distance to the document's clipped mean (format version 6)."""
+    radius: float | None = None
+    """The clipping radius R of "mean" (public: a quantile of public training sentences'
+    recoded norms); None for "depth"."""
+
+    @model_validator(mode="after")
+    def _rule_parameters(self) -> PChoice:
+        if self.selection == "depth" and self.radius is not None:
+            raise ValueError("a radius belongs to the mean selection rule only")
+        if self.selection == "mean":
+            if self.radius is None or not RADII[0] <= self.radius <= RADII[1]:
+                raise ValueError(
+                    f"the mean selection rule needs a radius in [2**-100, 2**100], got "
+                    f"{self.radius!r}"
+                )
+            if self.p != 1:
+                raise ValueError("the mean selection rule uses no directions: p must be 1")
+        return self
 
 
 class CorpusRecord(BaseModel):
@@ -202,6 +229,8 @@ class BundleManifest(BaseModel):
             raise ValueError("variants that share an H need bundle format version 2")
         if self.format_version < 3 and any(c.vote_index for c in self.p_table):
             raise ValueError("a p table with more than one vote needs bundle format version 3")
+        if self.format_version < 6 and any(c.selection != "depth" for c in self.p_table):
+            raise ValueError("the mean selection rule needs bundle format version 6")
         for index, variant in enumerate(self.variants):
             if variant.recoder_from is None:
                 continue
@@ -263,6 +292,10 @@ class Variant:
 
     def mechanism(self, device: Any = None) -> DeepCandidate:
         return DeepCandidate(self.candidates, self.directions, device=device)
+
+    def mean_mechanism(self, radius: float) -> MeanCandidate:
+        """The clipped-mean rule over this variant's candidates at radius R."""
+        return MeanCandidate(self.candidates, radius)
 
     def candidate_labels(self) -> npt.NDArray[np.int64]:
         """The class index each candidate stands for (what /classify returns for it)."""
@@ -345,6 +378,9 @@ class Bundle:
                     f"{choice.epsilon:g}, but the bundle has {len(self.votes)} votes"
                 )
         by_name = {v.record.name: v for v in self.variants}
+        for choice in self.manifest.p_table:
+            if choice.radius is not None:  # refuses candidates too far out for this radius
+                by_name[choice.variant].mean_mechanism(choice.radius)
         for variant in self.variants:
             source = variant.record.recoder_from
             if source is not None and variant.recoder is not by_name[source].recoder:

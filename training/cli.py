@@ -93,6 +93,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(sharper for short documents; bundle format 5), flip is permute-and-flip at every "
         "length, as older bundles (default %(default)s)",
     )
+    parser.add_argument(
+        "--selection",
+        choices=("recipe", "depth", "both"),
+        default="recipe",
+        help="candidate selection rules the p table may pick per epsilon: depth (Tukey depth, "
+        "the paper's), both (also distance to the clipped mean; bundle format 6 when chosen), "
+        "or recipe: depth for the paper recipe, both for the others (default %(default)s)",
+    )
     parser.add_argument("--per-class", type=int, help="use at most this many documents per class")
     parser.add_argument("--text-column", default=DEFAULTS["text_column"])
     parser.add_argument("--label-column", default=DEFAULTS["label_column"])
@@ -120,6 +128,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         corpus_is_public=args.corpus_is_public,
         encoder_backend=args.encoder_backend,
         vote_by_count=args.vote_rule == "by-count",
+        mean_selection=None if args.selection == "recipe" else args.selection == "both",
     )
     if args.quick:
         config = config.quick()
@@ -134,7 +143,7 @@ def print_report(report: TrainReport, console: Console) -> None:
     table.add_column("method")
     table.add_column("epsilon", justify="right")
     table.add_column("variant")
-    table.add_column("p", justify="right")
+    table.add_column("rule", justify="right")
     table.add_column("macro-F1", justify="right")
     table.add_row("C_nonpriv (plain G means)", "-", "-", "-", f"{scores['nonprivate']:.3f}")
     for choice in report.bundle.manifest.p_table:
@@ -142,7 +151,7 @@ def print_report(report: TrainReport, console: Console) -> None:
             "DeepCandidate (expected)",
             f"{choice.epsilon:g}",
             choice.variant,
-            str(choice.p),
+            f"p={choice.p}" if choice.selection == "depth" else f"mean R={choice.radius:.3g}",
             f"{choice.validation_macro_f1:.3f}",
         )
     for choice in report.bundle.manifest.p_table:

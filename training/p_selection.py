@@ -1,4 +1,5 @@
-"""Choose the number of directions p for every epsilon of a grid, on the validation split.
+"""Choose the variant and selection rule (Tukey depth with p directions, or distance to the
+clipped mean at a radius R) for every epsilon of a grid, on the validation split.
 
 The criterion is the macro-F1 of the *expected* confusion matrix: each validation document
 contributes the exact probability (from :func:`~sentdp.mechanism.selection_log_probs`) with
@@ -9,17 +10,20 @@ identical choices and figures.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from sentdp.bundle import PChoice
+from sentdp.mean_selection import RADII, MeanCandidate
 from sentdp.mechanism import DeepCandidate, selection_log_probs
 
 DEFAULT_EPSILONS = (1.0, 3.0, 6.0, 10.0, 23.0, 50.0)
 DEFAULT_PS = tuple(range(10, 101, 10))
+RADIUS_QUANTILES = (0.25, 0.5, 0.75, 0.9)
+"""The mean rule's radii: quantiles of public training sentences' recoded norms."""
 
 
 def expected_confusion(
@@ -48,6 +52,16 @@ def candidate_confusion(
     return confusion
 
 
+def radii_of(
+    sentences: npt.NDArray[np.float64], quantiles: Sequence[float] = RADIUS_QUANTILES
+) -> dict[str, float]:
+    """The mean rule's radii to try, by name ("q0.5"): quantiles of the norms of public
+    (recoded) training sentences, each kept inside the rule's range of radii."""
+    norms = np.linalg.norm(np.asarray(sentences, dtype=np.float64), axis=1)
+    low, high = RADII
+    return {f"q{q:g}": float(np.clip(np.quantile(norms, q), low, high)) for q in quantiles}
+
+
 def soft_macro_f1(confusion: npt.NDArray[np.float64]) -> float:
     tp = np.diag(confusion)
     denominator = confusion.sum(axis=0) + confusion.sum(axis=1)
@@ -58,13 +72,20 @@ def soft_macro_f1(confusion: npt.NDArray[np.float64]) -> float:
 @dataclass(frozen=True)
 class Option:
     """One variant to choose from: its mechanism, the validation documents in its space (G'),
-    and the class each of its candidates stands for."""
+    the class each of its candidates stands for, the ps to try, and the mean rule over the
+    same candidates at each radius to try, by the radius's name such as "q0.5" (none: Tukey
+    depth only)."""
 
     variant: str
     mechanism: DeepCandidate
     documents: Sequence[npt.NDArray[np.float64]]
     candidate_labels: npt.NDArray[np.int64]
     ps: Sequence[int] = DEFAULT_PS
+    means: Mapping[str, MeanCandidate] = field(default_factory=dict)
+
+
+MEAN = "mean "
+"""Prefix of the mean rule's score keys: ``scores[variant]["mean q0.5"]``."""
 
 
 def choose_p(
@@ -73,13 +94,15 @@ def choose_p(
     n_classes: int,
     epsilons: Sequence[float] = DEFAULT_EPSILONS,
 ) -> tuple[list[PChoice], dict[str, dict[str, list[float]]]]:
-    """For every epsilon, the (variant, p) with the best expected validation macro-F1.
+    """For every epsilon, the (variant, rule) with the best expected validation macro-F1.
 
-    Ties go to the earlier variant, then the smaller p. Also returns every score, as
-    ``scores[variant][p] = [macro-F1 per epsilon]``.
+    Ties go to the earlier variant, then to Tukey depth (the paper's rule), then the smaller
+    p or the earlier radius. Also returns every score, as ``scores[variant][key] = [macro-F1
+    per epsilon]``, the key being p, or :data:`MEAN` and the radius's name.
     """
     scores: dict[str, dict[str, list[float]]] = {}
-    candidates: list[tuple[int, str, int]] = []
+    # (rank, variant, tie-break within the variant, score key, the choice without epsilon)
+    entries: list[tuple[int, str, int, str, dict[str, object]]] = []
     for rank, option in enumerate(options):
         usable = sorted({min(p, option.mechanism.p_max) for p in option.ps})
         scores[option.variant] = {}
@@ -95,18 +118,36 @@ def choose_p(
                 )
                 for epsilon in epsilons
             ]
-            candidates.append((rank, option.variant, p))
+            entries.append((rank, option.variant, p, str(p), {"p": p}))
+        for order, (name, mean) in enumerate(option.means.items()):
+            deviations = [mean.deviations(d) for d in option.documents]
+            key = MEAN + name
+            scores[option.variant][key] = [
+                soft_macro_f1(
+                    candidate_confusion(
+                        (np.exp(mean.log_probs_for(d, epsilon)) for d in deviations),
+                        truth,
+                        option.candidate_labels,
+                        n_classes,
+                    )
+                )
+                for epsilon in epsilons
+            ]
+            rule = {"p": 1, "selection": "mean", "radius": mean.radius}
+            entries.append((rank, option.variant, 10**9 + order, key, rule))
     choices = []
     for column, epsilon in enumerate(epsilons):
-        rank, variant, p = max(
-            candidates, key=lambda c: (scores[c[1]][str(c[2])][column], -c[0], -c[2])
+        _, variant, _, key, rule = max(
+            entries, key=lambda e: (scores[e[1]][e[3]][column], -e[0], -e[2])
         )
         choices.append(
-            PChoice(
-                epsilon=epsilon,
-                variant=variant,
-                p=p,
-                validation_macro_f1=scores[variant][str(p)][column],
+            PChoice.model_validate(
+                {
+                    "epsilon": epsilon,
+                    "variant": variant,
+                    "validation_macro_f1": scores[variant][key][column],
+                    **rule,
+                }
             )
         )
     return choices, scores

@@ -40,7 +40,14 @@ from training.datasets import Corpus, Splits, stratified_splits
 from training.embeddings import CorpusEmbeddings, embed_corpus
 from training.label_vote import train_vote, with_label_choice
 from training.nets import seed_everything
-from training.p_selection import DEFAULT_EPSILONS, DEFAULT_PS, Option, choose_p
+from training.p_selection import (
+    DEFAULT_EPSILONS,
+    DEFAULT_PS,
+    RADIUS_QUANTILES,
+    Option,
+    choose_p,
+    radii_of,
+)
 from training.prototypes import DEFAULT_PER_CLASS, prototype_variants
 from training.settings import TrainingSettings
 from training.store import save_to_store
@@ -94,6 +101,17 @@ class TrainConfig:
     vote_by_count: bool = True
     """Draw SentenceVote by the sentence-count rule (:mod:`sentdp.count_calibrated`); False
     draws every vote by permute-and-flip, as bundles before format version 5 do."""
+    mean_selection: bool | None = None
+    """Let the p table pick the clipped-mean rule (:mod:`sentdp.mean_selection`) where it
+    scores better on validation; None: for every recipe but the paper's, which stays the
+    reference as published (Tukey depth only)."""
+    radius_quantiles: tuple[float, ...] = RADIUS_QUANTILES
+    """The mean rule's radii to try: these quantiles of the recoded norms of public training
+    sentences."""
+
+    @property
+    def uses_mean(self) -> bool:
+        return self.recipe != "paper" if self.mean_selection is None else self.mean_selection
 
     def quick(self) -> TrainConfig:
         """A small, fast variant for tests and smoke runs (same code path, smaller numbers)."""
@@ -105,6 +123,7 @@ class TrainConfig:
             ps=(10, 20),
             epsilons=(1.0, 10.0),
             max_epochs=min(self.max_epochs, 4),
+            radius_quantiles=(0.5, 0.9),
         )
 
     def corpus_spec(self) -> CorpusSpec:
@@ -290,7 +309,7 @@ def build_bundle(
             "nonprivate": c_nonpriv.validation_macro_f1,
             "deepcandidate": {f"{c.epsilon:g}": c.validation_macro_f1 for c in p_table},
         },
-        "choice_by_epsilon": {f"{c.epsilon:g}": f"{c.variant} p={c.p}" for c in p_table},
+        "choice_by_epsilon": {f"{c.epsilon:g}": describe_choice(c) for c in p_table},
         "label_by_epsilon": {f"{c.epsilon:g}": c.label for c in p_table},
         "vote": vote.validation_macro_f1,
         "votes": [
@@ -313,10 +332,19 @@ def build_bundle(
     return bundle, scores
 
 
+def describe_choice(choice: PChoice) -> str:
+    """A p table entry's variant and rule, as training prints and records it."""
+    if choice.selection == "mean":
+        return f"{choice.variant} mean R={choice.radius:.4g}"
+    return f"{choice.variant} p={choice.p}"
+
+
 def bundle_format_version(
     variants: Sequence[Variant], p_table: Sequence[PChoice], votes: Sequence[SentenceVote] = ()
 ) -> int:
     """The lowest format version whose readers run this bundle as it was trained."""
+    if any(choice.selection != "depth" for choice in p_table):
+        return 6
     if any(vote.by_count for vote in votes):
         return 5
     if any(vote.reads_words for vote in votes):
@@ -371,9 +399,13 @@ def train_variants(
 def choose_ps(
     variants: list[tuple[Variant, VariantSpec]], data: TrainingData, config: TrainConfig
 ) -> tuple[list[PChoice], dict[str, dict[str, list[float]]]]:
-    """The (variant, p) of best expected validation macro-F1 for every epsilon of the grid.
-    Validation documents are recoded once per H (prototype variants share their base's)."""
+    """The (variant, rule) of best expected validation macro-F1 for every epsilon of the
+    grid. Validation documents are recoded once per H (prototype variants share their
+    base's), and so are the public training sentences whose norms give the mean rule's
+    radii."""
     recoded: dict[str, list[npt.NDArray[np.float64]]] = {}
+    radii: dict[str, dict[str, float]] = {}
+    public = radius_documents(data)
     options = []
     for v, spec in variants:
         owner = v.record.recoder_from or v.record.name
@@ -381,6 +413,9 @@ def choose_ps(
             recoded[owner] = [
                 recode(v.recoder, data.embeddings.document(i)) for i in data.validation
             ]
+            if config.uses_mean:
+                sentences = recode(v.recoder, np.concatenate(public))
+                radii[owner] = radii_of(sentences, config.radius_quantiles)
         options.append(
             Option(
                 variant=v.record.name,
@@ -388,10 +423,24 @@ def choose_ps(
                 documents=recoded[owner],
                 candidate_labels=v.candidate_labels(),
                 ps=spec.ps(config.ps),
+                means={
+                    name: v.mean_mechanism(radius) for name, radius in radii.get(owner, {}).items()
+                },
             )
         )
     truth = list(data.y[data.validation])
     return choose_p(options, truth, data.n_classes, config.epsilons)
+
+
+RADIUS_DOCUMENTS = 2000
+"""Public training documents whose recoded sentence norms give the mean rule's radii."""
+
+
+def radius_documents(data: TrainingData) -> list[npt.NDArray[np.floating[Any]]]:
+    """G embeddings of up to :data:`RADIUS_DOCUMENTS` training documents (a seeded sample)."""
+    rng = np.random.default_rng(data.seed)
+    chosen = rng.permutation(np.asarray(data.train))[:RADIUS_DOCUMENTS]
+    return [data.embeddings.document(int(i)) for i in sorted(chosen)]
 
 
 def bundle_manifest(

@@ -22,3 +22,13 @@ def test_the_vote_rule_flag_chooses_the_sentence_count_rule_or_permute_and_flip(
     assert config_from_args(parse_args(["--dataset", "x"])).vote_by_count
     flip = config_from_args(parse_args(["--dataset", "x", "--vote-rule", "flip"]))
     assert flip == TrainConfig(dataset="x", vote_by_count=False)
+
+
+def test_the_selection_flag_decides_whether_the_p_table_may_pick_the_mean_rule() -> None:
+    def uses_mean(*flags: str) -> bool:
+        return config_from_args(parse_args(["--dataset", "x", *flags])).uses_mean
+
+    assert not uses_mean()  # the paper's recipe: Tukey depth only
+    assert uses_mean("--recipe", "mixed")
+    assert uses_mean("--selection", "both")
+    assert not uses_mean("--recipe", "mixed", "--selection", "depth")

@@ -41,6 +41,9 @@ def test_the_quick_bundle_is_in_the_store_and_loads_back(
     assert manifest.splitter["name"] == "sentdp-left-context"
     assert [c.epsilon for c in manifest.p_table] == [1.0, 10.0]
     assert {c.variant for c in manifest.p_table} == {"paper"}
+    # the paper's recipe stays the paper's rule: no clipped-mean options were even scored
+    assert {c.selection for c in manifest.p_table} == {"depth"}
+    assert all(key.isdigit() for key in manifest.scores["validation_grid"]["paper"])
     (variant,) = quick_bundle.variants
     assert variant.record.p_max == 20
     m = manifest.candidates
@@ -112,6 +115,15 @@ def test_a_user_csv_trains_only_when_declared_public(tmp_path: Path) -> None:
     assert label.candidates.shape[1] == 2
     assert label.record.offset == sum(v.record.candidates for v in report.bundle.variants[:4])
     assert report.tag.startswith("sentdp-mine-quick30-mixed:")
+    # other recipes also score the clipped-mean rule at each H's radii, and pick per epsilon
+    grid = report.bundle.manifest.scores["validation_grid"]
+    for name in names:
+        assert {"mean q0.5", "mean q0.9"} <= set(grid[name])
+    for column, choice in enumerate(report.bundle.manifest.p_table):
+        best = max(values[column] for scores in grid.values() for values in scores.values())
+        assert choice.validation_macro_f1 == best
+    means = [c for c in report.bundle.manifest.p_table if c.selection == "mean"]
+    assert report.bundle.manifest.format_version == (6 if means else 5)
 
 
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
