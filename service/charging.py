@@ -317,6 +317,8 @@ class Charging:
                 sentences=sentences,
                 epsilon=epsilon_of_charge(admission.micro),
                 p=admission.choice.p,
+                selection=admission.choice.selection,
+                radius=admission.choice.radius,
                 release=admission.release,
                 vote=admission.choice.vote_index,
                 bounded_range=bounded,
@@ -413,7 +415,7 @@ class Charging:
             )
         candidate = int(result.candidate if result.candidate is not None else -1)
         return private_document(
-            self.bundle, candidate, k, epsilon, admission.choice.p, request.with_labels
+            self.bundle, candidate, k, epsilon, admission.choice, request.with_labels
         )
 
     async def _settle(

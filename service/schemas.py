@@ -137,6 +137,10 @@ class PrivateDocument(BaseModel):
     epsilon: float
     """Epsilon charged for this document."""
     p: int | None = None
+    """Tukey-depth directions used (``selection`` "depth")."""
+    selection: Literal["depth", "mean"] | None = None
+    """How the candidate was drawn: Tukey depth over p directions, or distance to the
+    document's clipped mean (the bundle's p table says which, per epsilon)."""
     label: str | None = None
     probabilities: dict[str, float] | None = None
     """The released candidate's class probabilities (public: a property of the candidate)."""
@@ -188,6 +192,17 @@ class WorkItem(BaseModel):
     """Draw a ``vote`` release by the epsilon-bounded-range exponential mechanism (for
     tenants charged in zCDP), not by the vote's own rule. The gateway always says which; an
     item that does not gets the bounded-range draw, private under either accountant."""
+    selection: Literal["depth", "mean"] = "depth"
+    """How a ``candidate`` release is drawn (the p table's ``selection``): Tukey depth over
+    ``p`` directions, or distance to the clipped mean at ``radius``. A worker draws the mean
+    rule only at a radius its bundle's p table names for the variant, else refunds."""
+    radius: float | None = None
+
+    @model_validator(mode="after")
+    def _rule_parameters(self) -> WorkItem:
+        if (self.selection == "mean") != (self.radius is not None):
+            raise ValueError("a radius goes with the mean selection rule, and only with it")
+        return self
 
 
 class WorkRequest(BaseModel):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from sentdp.accounting import PER_DOCUMENT, PURE, Policy, to_epsilon
-from sentdp.bundle import Bundle
+from sentdp.bundle import Bundle, PChoice
 from sentdp.errors import InternalError
 from service.errors import ApiError, Code
 from service.ledger import Account, BudgetExhaustedError
@@ -86,9 +86,10 @@ def label_of(bundle: Bundle, candidate: int) -> CandidateLabel:
 
 
 def private_document(
-    bundle: Bundle, candidate: int, k: int, epsilon: float, p: int, with_label: bool
+    bundle: Bundle, candidate: int, k: int, epsilon: float, choice: PChoice, with_label: bool
 ) -> PrivateDocument:
-    """One released document: the chosen public candidate, and its label if asked."""
+    """One released document: the chosen public candidate (drawn by ``choice``'s rule), and
+    its label if asked."""
     variant, local = bundle.locate(candidate)
     document = PrivateDocument(
         embedding=variant.candidates[local].tolist(),
@@ -96,7 +97,8 @@ def private_document(
         variant=variant.record.name,
         k=k,
         epsilon=epsilon,
-        p=p,
+        p=choice.p if choice.selection == "depth" else None,
+        selection=choice.selection,
     )
     if with_label:
         label = label_of(bundle, candidate)

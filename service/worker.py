@@ -24,6 +24,7 @@ import bentoml
 import numpy as np
 from bentoml.validators import ContentType
 
+from sentdp.mean_selection import MeanCandidate
 from sentdp.mechanism import DeepCandidate
 from service import logs
 from service.metrics import metric
@@ -133,6 +134,7 @@ class Worker:
         self.mechanisms = {
             name: v.mechanism(device=depth_device) for name, v in self.variants.items()
         }
+        self.means = mean_mechanisms(self.bundle)
         self.encoder.encode(["Warm up the encoder."])
 
     # Routes under /worker/: BentoML's request metrics of the worker and the gateway share
@@ -242,9 +244,9 @@ class Worker:
                 metric("late_requests").inc()
                 continue
             for i, item in enumerate(request.items):
-                if item.model != self.version or item.variant not in self.variants:
-                    error = f"this worker serves {self.version}, not {item.model}/{item.variant}"
-                    replies[r][i] = WorkResult(sampled=False, error=error)
+                refused = self._refusal(item)
+                if refused:
+                    replies[r][i] = WorkResult(sampled=False, error=refused)
                 else:
                     live.append((r, i, item))
         metric("batch_documents").observe(len(live))
@@ -269,6 +271,15 @@ class Worker:
                 replies[r][i] = WorkResult(candidate=offset + int(local), sampled=True)
         metric("worker_seconds").labels("total").observe(time.perf_counter() - started)
         return [WorkReply(results=results) for results in replies]
+
+    def _refusal(self, item: WorkItem) -> str | None:
+        """Why this worker must not draw for ``item`` (another bundle, or a rule its p table
+        does not name), or None."""
+        if item.model != self.version or item.variant not in self.variants:
+            return f"this worker serves {self.version}, not {item.model}/{item.variant}"
+        if item.radius is not None and (item.variant, item.radius) not in self.means:
+            return f"the p table has no mean rule for {item.variant} at that radius"
+        return None
 
     def _plans(self, items: list[WorkItem], tenants: list[str]) -> list[Any]:
         """A selection plan per item, or the reason it has none: all the work that draws no
@@ -297,7 +308,7 @@ class Worker:
         metric("worker_seconds").labels("encode").observe(time.perf_counter() - started)
         bounds = np.cumsum([0] + [len(item.sentences) for item in items])
         documents = [encoded[bounds[n] : bounds[n + 1]] for n in range(len(items))]
-        return plan_encoded(self.bundle, self.mechanisms, items, documents)
+        return plan_encoded(self.bundle, self.mechanisms, items, documents, self.means)
 
     def _encode_distinct(self, items: list[WorkItem], tenants: list[str]) -> np.ndarray:
         """Every item's sentence embeddings, in order, each distinct sentence of a tenant
@@ -327,27 +338,39 @@ class Worker:
             os.fsync(handle.fileno())
 
 
+def mean_mechanisms(bundle: Bundle) -> dict[tuple[str, float], MeanCandidate]:
+    """The clipped-mean rule of every (variant, radius) the bundle's p table names: the only
+    ones a worker draws (an item naming another radius is refunded, never drawn)."""
+    return {
+        (c.variant, c.radius): bundle.variant(c.variant).mean_mechanism(c.radius)
+        for c in bundle.manifest.p_table
+        if c.selection == "mean" and c.radius is not None
+    }
+
+
 def plan_encoded(
     bundle: Bundle,
     mechanisms: dict[str, DeepCandidate],
     items: list[WorkItem],
     documents: list[np.ndarray],
+    means: dict[tuple[str, float], MeanCandidate] | None = None,
 ) -> list[Any]:
     """Each item's selection plan from its document's G embeddings, in item order: a vote
     item with the bundle's vote the item names (by the epsilon-bounded-range exponential
-    mechanism when the item asks for it), a candidate item in its variant (recoded). Items
-    that share a vote (and its draw) or a variant are planned together."""
+    mechanism when the item asks for it), a candidate item in its variant (recoded), by Tukey
+    depth or by the clipped-mean rule at one of the p table's radii (``means``). Items that
+    share a vote (and its draw), or a variant and rule, are planned together."""
     from sentdp.encoders import recode
 
     plans: list[Any] = [None] * len(items)
-    groups: dict[tuple[str, int, bool], list[int]] = {}
+    groups: dict[tuple[str, int, bool, float], list[int]] = {}
     for n, item in enumerate(items):
         if item.release == "vote":
-            key = ("", item.vote, item.bounded_range)
-        else:
-            key = (item.variant, 0, False)
+            key = ("", item.vote, item.bounded_range, 0.0)
+        else:  # radii are at least 2**-100: 0.0 stands for Tukey depth
+            key = (item.variant, 0, False, item.radius or 0.0)
         groups.setdefault(key, []).append(n)
-    for (name, vote, bounded), members in sorted(groups.items()):
+    for (name, vote, bounded, radius), members in sorted(groups.items()):
         epsilons = [items[n].epsilon for n in members]
         if not name:
             if vote >= len(bundle.votes):
@@ -358,19 +381,22 @@ def plan_encoded(
                 texts=[items[n].sentences for n in members],
                 bounded_range=bounded,
             )
+            for n, plan in zip(members, planned, strict=True):
+                plans[n] = plan
+            continue
+        # H is recoded for the group's rows at once: its fixed-shape blocks make a row's bits
+        # independent of the rows beside it, so this equals recoding each document alone,
+        # without padding every document to a block of its own
+        rows = recode(bundle.variant(name).recoder, np.concatenate([documents[n] for n in members]))
+        ends = np.cumsum([len(documents[n]) for n in members])
+        recoded = np.split(rows, ends[:-1])
+        if radius:
+            mean = (means or {}).get((name, radius))
+            if mean is None:
+                raise RuntimeError(f"this bundle's p table has no mean rule for {name} at {radius}")
+            planned = mean.plan_batch(recoded, epsilons)
         else:
-            # H is recoded for the group's rows at once: its fixed-shape blocks make a row's
-            # bits independent of the rows beside it, so this equals recoding each document
-            # alone, without padding every document to a block of its own
-            rows = recode(
-                bundle.variant(name).recoder, np.concatenate([documents[n] for n in members])
-            )
-            ends = np.cumsum([len(documents[n]) for n in members])
-            planned = mechanisms[name].plan_batch(
-                np.split(rows, ends[:-1]),
-                epsilons,
-                [items[n].p for n in members],
-            )
+            planned = mechanisms[name].plan_batch(recoded, epsilons, [items[n].p for n in members])
         for n, plan in zip(members, planned, strict=True):
             plans[n] = plan
     return plans

@@ -6,6 +6,7 @@ anything imports BentoML. Public corpora are cached (sha256-verified) under .sen
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -45,6 +46,26 @@ def quick_bundle_tag() -> str:
         TrainConfig(dataset="bbc-news", name="sentdp-test").quick(), load_settings()
     )
     return report.tag
+
+
+@pytest.fixture(scope="session")
+def mean_bundle_tag(quick_bundle_tag: str) -> str:
+    """The quick bundle with its top epsilon drawn by the clipped-mean rule (format version
+    6) at the median norm of that variant's candidates: real G, H and F, a p table made by
+    hand so the service's mean path runs whatever validation would pick."""
+    import numpy as np
+
+    from training.store import load_from_store, save_to_store
+
+    bundle = load_from_store(quick_bundle_tag)
+    top = bundle.manifest.p_table[-1]
+    norms = np.linalg.norm(bundle.variant(top.variant).candidates, axis=1)
+    mean = top.model_copy(update={"selection": "mean", "p": 1, "radius": float(np.median(norms))})
+    manifest = bundle.manifest.model_copy(
+        update={"format_version": 6, "p_table": [*bundle.manifest.p_table[:-1], mean]}
+    )
+    derived = dataclasses.replace(bundle, manifest=manifest)
+    return save_to_store(derived, "sentdp-test-mean", {"derived_from": quick_bundle_tag})
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,8 @@ DIM = 8
 LABELS = ["business", "sport", "tech"]
 WORDS = ("bank", "goal", "match", "phone", "profit", "shares", "software", "team")
 """The vocabulary of a tiny bundle's word-reading vote."""
+RADIUS = 2.5
+"""The clipping radius of a tiny bundle's mean rule (pseudo-embeddings have norms near 2.8)."""
 
 
 def tiny_bundle(
@@ -39,11 +41,14 @@ def tiny_bundle(
     second_vote: bool = False,
     words: bool = False,
     by_count: bool = False,
+    mean: bool = False,
 ) -> Bundle:
     """Two variants; with ``vote``, a SentenceVote that /classify uses at epsilon 1 (below 5);
     with ``second_vote`` too, two votes, the p table running vote 1 at epsilon 1; with
     ``words``, the last vote also reads its sentences' words (:data:`WORDS`); with
-    ``by_count``, the votes are drawn by the sentence-count rule (format version 5)."""
+    ``by_count``, the votes are drawn by the sentence-count rule (format version 5); with
+    ``mean``, epsilon 5 draws its candidate by the clipped-mean rule at :data:`RADIUS`
+    (format version 6)."""
     if words and not vote:
         raise ValueError("a tiny bundle reads words only in a vote: pass vote=True too")
     rng = np.random.default_rng(seed)
@@ -72,7 +77,7 @@ def tiny_bundle(
         for record in records
     )
     manifest = BundleManifest(
-        format_version=5 if by_count else 4 if words else 3 if second_vote else 1,
+        format_version=6 if mean else 5 if by_count else 4 if words else 3 if second_vote else 1,
         vote_words=TOKENIZER if words else None,
         vote_by_count=by_count,
         name="sentdp-unit",
@@ -99,7 +104,9 @@ def tiny_bundle(
                 label="vote" if vote else "candidate",
                 vote_index=1 if second_vote else 0,
             ),
-            PChoice(epsilon=5.0, variant="paper", p=6),
+            PChoice(epsilon=5.0, variant="paper", p=1, selection="mean", radius=RADIUS)
+            if mean
+            else PChoice(epsilon=5.0, variant="paper", p=6),
         ],
     )
     votes = [
@@ -161,8 +168,11 @@ class FakeWorker:
                 )
                 continue
             variant = self.bundle.variant(item.variant)
-            mechanism = DeepCandidate(variant.candidates, variant.directions)
-            plan = mechanism.plan_batch([sentences], [item.epsilon], [item.p])
+            if item.radius is not None:
+                plan = variant.mean_mechanism(item.radius).plan_batch([sentences], [item.epsilon])
+            else:
+                mechanism = DeepCandidate(variant.candidates, variant.directions)
+                plan = mechanism.plan_batch([sentences], [item.epsilon], [item.p])
             self.journal.append(item.charge_id)
             local = int(DeepCandidate.draw_plans(plan)[0])
             results.append(WorkResult(candidate=variant.record.offset + local, sampled=True))

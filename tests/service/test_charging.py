@@ -17,7 +17,7 @@ from sentdp.text import TextLimits
 from service.charging import ChargedRequest, Charging, Reply, work_cost
 from service.idempotency import BodySigner
 from service.ledger import SqlLedger, open_ledger
-from service.schemas import DocumentIn
+from service.schemas import DocumentIn, WorkRequest
 from service.tenants import Tenant
 from service.validation import Limits
 from service.views import label_of
@@ -112,6 +112,36 @@ def test_a_charged_request_releases_candidates_and_debits_once(ledger: SqlLedger
     assert body["budget"]["remaining"] == 95.0
     assert ledger.account("acme", "alice").spent_micro == 5 * MICRO
     assert states(ledger) == ["final", "final"]
+
+
+def test_the_gateway_sends_and_reports_the_rule_the_p_table_names(ledger: SqlLedger) -> None:
+    """At an epsilon whose p table entry is the clipped-mean rule the worker is told the rule
+    and its radius, and the response says which rule drew the candidate (no p); below it,
+    Tukey depth with p."""
+    from tests.service.fakes import RADIUS
+
+    bundle = tiny_bundle(mean=True)
+    worker = FakeWorker(bundle)
+    sent: list[WorkRequest] = []
+
+    async def recording(work: WorkRequest) -> list:  # type: ignore[type-arg]
+        sent.append(work)
+        return await worker(work)
+
+    flow = charging(ledger, worker, bundle=bundle)
+    flow.worker = recording
+    reply, body = run(flow, request(epsilon=6.0, with_labels=True))
+    assert reply.status == 200, body
+    (work,) = sent
+    assert [(i.selection, i.radius, i.variant) for i in work.items] == [("mean", RADIUS, "paper")]
+    (document,) = body["documents"]
+    assert document["selection"] == "mean"
+    assert "p" not in document
+    assert document["variant"] == "paper"
+    assert document["label_mechanism"] == "candidate"
+    reply, body = run(flow, request(user="bob", epsilon=2.0))
+    assert [(i.selection, i.radius, i.p) for i in sent[1].items] == [("depth", None, 3)]
+    assert (body["documents"][0]["selection"], body["documents"][0]["p"]) == ("depth", 3)
 
 
 def test_classify_adds_the_label_of_the_released_candidate(ledger: SqlLedger) -> None:

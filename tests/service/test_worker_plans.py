@@ -154,3 +154,46 @@ def test_documents_recoded_together_plan_as_each_alone() -> None:
         assert same(plan, alone)
     (unrecoded,) = mechanisms["paper"].plan_batch([documents[1]], [2.0], [3])
     assert not same(plans[1], unrecoded)  # H ran: the test sees it
+
+
+def test_a_mean_item_is_planned_with_the_clipped_mean_rule_at_the_table_s_radius() -> None:
+    """Depth and mean items of one variant in one batch: each gets its own rule (a worker that
+    grouped them by variant alone would plan one with the other's)."""
+    from service.worker import mean_mechanisms
+    from tests.service.fakes import RADIUS
+
+    bundle = tiny_bundle(mean=True)
+    mechanisms = {v.record.name: v.mechanism() for v in bundle.variants}
+    means = mean_mechanisms(bundle)
+    assert set(means) == {("paper", RADIUS)}
+    rng = np.random.default_rng(5)
+    documents = [rng.normal(size=(k, DIM)) for k in (3, 1, 4, 2)]
+    mean_item = item("candidate", epsilon=5.0).model_copy(
+        update={"selection": "mean", "radius": RADIUS, "p": 1}
+    )
+    items = [mean_item, item("candidate"), mean_item, item("candidate", epsilon=2.0)]
+    plans = plan_encoded(bundle, mechanisms, items, documents, means)
+    rule = bundle.variant("paper").mean_mechanism(RADIUS)
+    for n in (0, 2):
+        (expected,) = rule.plan_batch([documents[n]], [5.0])
+        assert same(plans[n], expected)
+        (depth,) = mechanisms["paper"].plan_batch([documents[n]], [5.0], [3])
+        assert not same(plans[n], depth)
+    for n in (1, 3):
+        (expected,) = mechanisms["paper"].plan_batch([documents[n]], [items[n].epsilon], [3])
+        assert same(plans[n], expected)
+    # a radius the p table does not name is refused before anything is drawn
+    other = mean_item.model_copy(update={"radius": RADIUS * 2})
+    with pytest.raises(RuntimeError, match="no mean rule"):
+        plan_encoded(bundle, mechanisms, [other], documents[:1], means)
+
+
+def test_a_work_item_s_rule_and_radius_must_agree() -> None:
+    """The gateway always sends both or neither; a worker refuses anything else unparsed."""
+    from pydantic import ValidationError
+
+    base = item("candidate").model_dump()
+    for update in ({"selection": "mean"}, {"radius": 1.0}, {"selection": "median", "radius": 1}):
+        with pytest.raises(ValidationError):
+            WorkItem.model_validate({**base, **update})
+    assert WorkItem.model_validate(base).selection == "depth"
