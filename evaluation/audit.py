@@ -130,9 +130,11 @@ class ExactLoss:
             vote = self.bundle.vote_for(epsilon)
             return vote.log_probs(embedded, run_at, sentences, bounded_range=self.bounded_range)
         variant = self.bundle.variant(choice.variant)
-        log_probs = variant.mechanism().log_probs(
-            recode(variant.recoder, embedded), run_at, choice.p
-        )
+        recoded = recode(variant.recoder, embedded)
+        if choice.radius is not None:  # the clipped-mean rule, at the p table's radius
+            log_probs = variant.mean_mechanism(choice.radius).log_probs(recoded, run_at)
+        else:
+            log_probs = variant.mechanism().log_probs(recoded, run_at, choice.p)
         if endpoint == "privatize":
             return log_probs
         by_label = np.bincount(

@@ -35,9 +35,10 @@ from evaluation.results import (
     served_method,
     vote_method,
 )
-from sentdp.bundle import Bundle
+from sentdp.bundle import Bundle, PChoice
 from sentdp.encoders import Encoder, open_encoder, recode
-from sentdp.mechanism import DeepCandidate, sample_from_utilities
+from sentdp.mechanism import DeepCandidate, mechanism_epsilon
+from sentdp.sampling import plan_selection
 from training.classifiers import macro_f1, train_classifier
 from training.corpora import CorpusSpec, load_corpus
 from training.datasets import Corpus, Splits, load_glove, stratified_splits
@@ -227,6 +228,14 @@ def _check_same_corpus(bundles: Sequence[Bundle]) -> None:
         )
 
 
+def scored_as(choice: PChoice) -> tuple[str, int | None]:
+    """How a p table entry names its row in a report: the variant and p for Tukey depth, the
+    variant and rule with its radius (and no p) for the clipped mean."""
+    if choice.radius is None:
+        return choice.variant, choice.p
+    return f"{choice.variant}, clipped mean R={choice.radius:.4g}", None
+
+
 def _experiment(
     bundles: Sequence[Bundle],
     settings: TrainingSettings,
@@ -298,11 +307,11 @@ def rescore_labels(
         method = deepcandidate_method(bundle.manifest.name)
         for epsilon in config.epsilons:
             recorded, choice = previous.score(method, epsilon), bundle.manifest.choice_for(epsilon)
-            if (recorded.variant, recorded.p) != (choice.variant, choice.p):
+            variant, p = scored_as(choice)
+            if (recorded.variant, recorded.p) != (variant, p):
                 raise ValueError(
-                    f"{bundle.manifest.name} picks {choice.variant} p={choice.p} at "
-                    f"epsilon {epsilon:g}, the report's row {recorded.variant} p={recorded.p}: "
-                    "run a full evaluation"
+                    f"{bundle.manifest.name} picks {variant} p={p} at epsilon {epsilon:g}, "
+                    f"the report's row {recorded.variant} p={recorded.p}: run a full evaluation"
                 )
         run.eps_sweep[method] = previous.eps_sweep[method]
     voted = [each for each in _distinct_votes(bundles) if run.sentence_vote(each)]
@@ -398,26 +407,38 @@ class Experiment:
             self.eps_sweep.setdefault("random_guess", {})[epsilon_key(epsilon)] = guess
 
     def deepcandidate(self, bundle: Bundle) -> None:
-        utilities: dict[tuple[str, int], list[npt.NDArray[np.float64]]] = {}
+        """The released candidate's class, drawn as the service draws it at each epsilon (the
+        p table's variant and rule: Tukey depth over p directions, or the clipped mean)."""
+        deviations: dict[tuple[str, int, float], list[npt.NDArray[np.int64]]] = {}
         for epsilon in self.config.epsilons:
             choice = bundle.manifest.choice_for(epsilon)
             variant = bundle.variant(choice.variant)
-            cached = (choice.variant, choice.p)
-            if cached not in utilities:
+            mean = None if choice.radius is None else variant.mean_mechanism(choice.radius)
+            cached = (choice.variant, choice.p, choice.radius or 0.0)
+            if cached not in deviations:
                 documents = [
                     recode(variant.recoder, self.embeddings.document(i)) for i in self.test
                 ]
-                utilities[cached] = variant.mechanism().utilities_batch(
-                    documents, [choice.p] * len(documents)
-                )
+                if mean is None:
+                    utilities = variant.mechanism().utilities_batch(
+                        documents, [choice.p] * len(documents)
+                    )
+                    deviations[cached] = [np.rint(-2.0 * u).astype(np.int64) for u in utilities]
+                else:
+                    deviations[cached] = [mean.deviations(d) for d in documents]
+            run_at = (
+                mechanism_epsilon(epsilon, variant.record.candidates)
+                if mean is None
+                else mean.plan_epsilon(epsilon)
+            )
+            plans = [plan_selection(d, run_at) for d in deviations[cached]]
             labels = variant.candidate_labels()
-            predicted = []
-            for trial in range(self.config.trials):
-                rng = self.rng(trial, epsilon, 0)
-                chosen = [sample_from_utilities(u, epsilon, rng) for u in utilities[cached]]
-                predicted.append(labels[np.array(chosen)])
+            predicted = [
+                labels[DeepCandidate.draw_plans(plans, self.rng(trial, epsilon, 0))]
+                for trial in range(self.config.trials)
+            ]
             method = deepcandidate_method(bundle.manifest.name)
-            self.score(method, epsilon, self.test, predicted, choice.variant, choice.p)
+            self.score(method, epsilon, self.test, predicted, *scored_as(choice))
 
     def sentence_vote(self, bundle: Bundle) -> bool:
         """The label mechanism of /classify, scored like DeepCandidate's label (False when

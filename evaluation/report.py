@@ -106,9 +106,9 @@ def _markdown(results: EvaluationResults) -> str:
     for method in results.methods:
         if method.startswith(DEEPCANDIDATE):
             chosen = [results.eps_sweep[method][e] for e in eps]
-            ps = [f"{c.variant} p={c.p}" for c in chosen]
+            ps = [c.variant if c.p is None else f"{c.variant} p={c.p}" for c in chosen]
             lines.append(
-                f"- {label_of(method, results)}: variant and p chosen on validation per ε: "
+                f"- {label_of(method, results)}: variant and rule chosen on validation per ε: "
                 + ", ".join(f"ε={e}: {p}" for e, p in zip(eps, ps, strict=True))
             )
         elif method.startswith(SERVED):

@@ -125,6 +125,29 @@ def test_the_planner_asks_more_samples_of_a_weaker_pair(loss: ExactLoss, texts: 
     assert loss.planned_samples(one, 1.0) is None
 
 
+def test_the_audit_uses_the_mean_rule_where_the_p_table_names_it(
+    mean_bundle_tag: str, loss: ExactLoss, texts: list[str]
+) -> None:
+    """At the epsilon the p table draws by the clipped mean, the exact loss is that rule's
+    (not Tukey depth's), and on real adversarial pairs it stays within epsilon."""
+    from training.store import load_from_store
+
+    mean_loss = ExactLoss(load_from_store(mean_bundle_tag), loss.encoder)
+    choice = mean_loss.bundle.manifest.p_table[-1]
+    assert choice.selection == "mean"
+    assert choice.radius is not None
+    epsilon = choice.epsilon
+    sentences = split_document(texts[0], SentenceSplitter(), TextLimits())
+    variant = mean_loss.bundle.variant(choice.variant)
+    recoded = recode(variant.recoder, loss.encoder.encode(sentences))
+    run_at = epsilon_of_charge(charge_for(epsilon))
+    expected = variant.mean_mechanism(choice.radius).log_probs(recoded, run_at)
+    np.testing.assert_array_equal(mean_loss.log_probs(sentences, epsilon), expected)
+    assert not np.array_equal(loss.log_probs(sentences, epsilon), expected)
+    for pair in adversarial_pairs(texts, mean_loss, epsilon, 2)[:3]:
+        assert 0 < mean_loss(pair, epsilon) <= epsilon
+
+
 def vote_sampler(loss: ExactLoss, bounded_range: bool, seed: int = 0):  # type: ignore[no-untyped-def]
     """/classify in this process: labels drawn from the vote's exact distribution, by the
     bounded-range exponential mechanism or by the vote's own rule."""

@@ -143,3 +143,47 @@ def test_bundles_share_a_vote_row_only_if_they_run_the_same_vote_at_every_epsilo
     assert len(distinct) == 2
     assert distinct[0] is one
     assert distinct[1] is two
+
+
+def test_the_candidate_row_draws_the_rule_the_p_table_names(mean_bundle_tag: str) -> None:
+    """sentdp-eval scores what the service serves: at the epsilon the p table draws by the
+    clipped mean its predictions are exactly that rule's draws (Tukey depth's with the same
+    random words would differ), and below it Tukey depth with p."""
+    from evaluation.experiment import _experiment
+    from evaluation.results import deepcandidate_method
+    from sentdp.encoders import recode
+
+    bundle = load_from_store(mean_bundle_tag)
+    config = EvalConfig(trials=3, epsilons=(1.0, 10.0), k_epsilon=10.0, max_test_documents=40)
+    run = _experiment([bundle], load_settings(), config, lambda _: None)
+    run.deepcandidate(bundle)
+    method = deepcandidate_method(bundle.manifest.name)
+    choice = bundle.manifest.choice_for(10.0)
+    assert choice.radius is not None
+    variant = bundle.variant(choice.variant)
+    documents = [recode(variant.recoder, run.embeddings.document(i)) for i in run.test]
+    labels = variant.candidate_labels()
+    drawn = [
+        labels[
+            variant.mean_mechanism(choice.radius).sample_batch(
+                documents, [10.0] * len(documents), run.rng(trial, 10.0, 0)
+            )
+        ]
+        for trial in range(3)
+    ]
+    predicted = run.on_test[method]["10"]
+    assert all(np.array_equal(p, d) for p, d in zip(predicted, drawn, strict=True))
+    depth = [
+        labels[
+            variant.mechanism().sample_batch(
+                documents,
+                [10.0] * len(documents),
+                [variant.record.p_max] * len(documents),
+                run.rng(trial, 10.0, 0),
+            )
+        ]
+        for trial in range(3)
+    ]
+    assert not all(np.array_equal(p, d) for p, d in zip(predicted, depth, strict=True))
+    assert run.eps_sweep[method]["10"].p is None
+    assert run.eps_sweep[method]["1"].p == bundle.manifest.choice_for(1.0).p
