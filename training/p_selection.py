@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +20,7 @@ import numpy.typing as npt
 from sentdp.bundle import PChoice
 from sentdp.mean_selection import RADII, MeanCandidate
 from sentdp.mechanism import DeepCandidate, selection_log_probs
+from training.embeddings import CorpusEmbeddings
 
 DEFAULT_EPSILONS = (1.0, 3.0, 6.0, 10.0, 23.0, 50.0)
 DEFAULT_PS = tuple(range(10, 101, 10))
@@ -50,6 +52,19 @@ def candidate_confusion(
     for probs, label in zip(probabilities, truth, strict=True):
         confusion[label] += np.bincount(candidate_labels, weights=probs, minlength=n_classes)
     return confusion
+
+
+RADIUS_DOCUMENTS = 2000
+"""Public training documents whose recoded sentence norms give the mean rule's radii."""
+
+
+def radius_documents(
+    embeddings: CorpusEmbeddings, train: Sequence[int], seed: int
+) -> list[npt.NDArray[np.floating[Any]]]:
+    """G embeddings of up to :data:`RADIUS_DOCUMENTS` training documents (a seeded sample,
+    in corpus order)."""
+    chosen = np.random.default_rng(seed).permutation(np.asarray(train))[:RADIUS_DOCUMENTS]
+    return [embeddings.document(int(i)) for i in sorted(chosen)]
 
 
 def radii_of(

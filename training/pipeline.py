@@ -47,6 +47,7 @@ from training.p_selection import (
     Option,
     choose_p,
     radii_of,
+    radius_documents,
 )
 from training.prototypes import DEFAULT_PER_CLASS, prototype_variants
 from training.settings import TrainingSettings
@@ -405,7 +406,7 @@ def choose_ps(
     radii."""
     recoded: dict[str, list[npt.NDArray[np.float64]]] = {}
     radii: dict[str, dict[str, float]] = {}
-    public = radius_documents(data)
+    public = radius_documents(data.embeddings, data.train, data.seed)
     options = []
     for v, spec in variants:
         owner = v.record.recoder_from or v.record.name
@@ -430,17 +431,6 @@ def choose_ps(
         )
     truth = list(data.y[data.validation])
     return choose_p(options, truth, data.n_classes, config.epsilons)
-
-
-RADIUS_DOCUMENTS = 2000
-"""Public training documents whose recoded sentence norms give the mean rule's radii."""
-
-
-def radius_documents(data: TrainingData) -> list[npt.NDArray[np.floating[Any]]]:
-    """G embeddings of up to :data:`RADIUS_DOCUMENTS` training documents (a seeded sample)."""
-    rng = np.random.default_rng(data.seed)
-    chosen = rng.permutation(np.asarray(data.train))[:RADIUS_DOCUMENTS]
-    return [data.embeddings.document(int(i)) for i in sorted(chosen)]
 
 
 def bundle_manifest(

@@ -19,7 +19,7 @@ def test_the_mean_rule_is_scored_on_validation_beside_the_p_table(quick_bundle_t
     rows = compare(bundle, quantiles=(0.5, 0.9))
     table = bundle.manifest.p_table
     assert [row.epsilon for row in rows] == [choice.epsilon for choice in table]
-    assert [row.depth_f1 for row in rows] == [choice.validation_macro_f1 for choice in table]
+    assert [row.table_f1 for row in rows] == [choice.validation_macro_f1 for choice in table]
     assert all(0 < row.mean_f1 <= 1 and row.mean_quantile in (0.5, 0.9) for row in rows)
 
     # the best cell again, by plain arithmetic: distances to the clipped mean, rounded to
