@@ -143,6 +143,12 @@ class PrivateDocument:
     label_mechanism: str | None = None
     probabilities: dict[str, float] | None = None
     document_id: str | None = None
+    variant: str | None = None
+    """The bundle's mechanism variant that drew the candidate."""
+    selection: str | None = None
+    """How the candidate was drawn: "depth" (Tukey depth over ``p`` directions) or "mean"
+    (distance to the document's clipped mean)."""
+    p: int | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PrivateDocument:
@@ -155,6 +161,9 @@ class PrivateDocument:
             label_mechanism=data.get("label_mechanism"),
             probabilities=data.get("probabilities"),
             document_id=data.get("document_id"),
+            variant=data.get("variant"),
+            selection=data.get("selection"),
+            p=data.get("p"),
         )
 
 

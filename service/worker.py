@@ -134,7 +134,7 @@ class Worker:
         self.mechanisms = {
             name: v.mechanism(device=depth_device) for name, v in self.variants.items()
         }
-        self.means = mean_mechanisms(self.bundle)
+        self.means = mean_mechanisms(self.bundle, settings.max_sentences)
         self.encoder.encode(["Warm up the encoder."])
 
     # Routes under /worker/: BentoML's request metrics of the worker and the gateway share
@@ -338,14 +338,25 @@ class Worker:
             os.fsync(handle.fileno())
 
 
-def mean_mechanisms(bundle: Bundle) -> dict[tuple[str, float], MeanCandidate]:
+def mean_mechanisms(
+    bundle: Bundle, max_sentences: int | None = None
+) -> dict[tuple[str, float], MeanCandidate]:
     """The clipped-mean rule of every (variant, radius) the bundle's p table names: the only
-    ones a worker draws (an item naming another radius is refunded, never drawn)."""
-    return {
+    ones a worker draws (an item naming another radius is refunded, never drawn). Refuses a
+    rule that could not plan a document of ``max_sentences`` (the service's limit): it would
+    refund every longer document instead of serving it."""
+    means = {
         (c.variant, c.radius): bundle.variant(c.variant).mean_mechanism(c.radius)
         for c in bundle.manifest.p_table
         if c.selection == "mean" and c.radius is not None
     }
+    for (name, radius), mean in means.items():
+        if max_sentences is not None and mean.longest() < max_sentences:
+            raise RuntimeError(
+                f"the bundle's mean rule for {name} at radius {radius:g} plans documents of at "
+                f"most {mean.longest()} sentences, below SENTDP_MAX_SENTENCES={max_sentences}"
+            )
+    return means
 
 
 def plan_encoded(

@@ -36,6 +36,9 @@ def test_privatize_classify_budget_and_a_replay_that_costs_nothing(server) -> No
         )
         assert [d.k for d in first.documents] == [3, 2]
         assert all(len(d.embedding or []) == 384 for d in first.documents)
+        # the quick bundle draws by Tukey depth: the client reads the rule, variant and p
+        assert {(d.selection, d.variant) for d in first.documents} == {("depth", "paper")}
+        assert all(d.p is not None and d.p >= 1 for d in first.documents)
         assert first.budget.spent_epsilon == pytest.approx(4.0)
         assert (first.replayed, again.replayed) == (False, True)
         assert [d.candidate for d in again.documents] == [d.candidate for d in first.documents]

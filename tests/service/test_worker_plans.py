@@ -159,6 +159,8 @@ def test_documents_recoded_together_plan_as_each_alone() -> None:
 def test_a_mean_item_is_planned_with_the_clipped_mean_rule_at_the_table_s_radius() -> None:
     """Depth and mean items of one variant in one batch: each gets its own rule (a worker that
     grouped them by variant alone would plan one with the other's)."""
+    import dataclasses
+
     from service.worker import mean_mechanisms
     from tests.service.fakes import RADIUS
 
@@ -182,6 +184,17 @@ def test_a_mean_item_is_planned_with_the_clipped_mean_rule_at_the_table_s_radius
     for n in (1, 3):
         (expected,) = mechanisms["paper"].plan_batch([documents[n]], [items[n].epsilon], [3])
         assert same(plans[n], expected)
+    # a rule that cannot plan documents as long as the service accepts refuses to start
+    tiny = bundle.manifest.p_table[-1].model_copy(update={"radius": 1e-8})
+    short = dataclasses.replace(
+        bundle,
+        manifest=bundle.manifest.model_copy(update={"p_table": [bundle.manifest.p_table[0], tiny]}),
+    )
+    longest = short.variant("paper").mean_mechanism(1e-8).longest()
+    assert 1 < longest < 1000
+    assert mean_mechanisms(short, longest)
+    with pytest.raises(RuntimeError, match="plans documents of at most"):
+        mean_mechanisms(short, longest + 1)
     # a radius the p table does not name is refused before anything is drawn
     other = mean_item.model_copy(update={"radius": RADIUS * 2})
     with pytest.raises(RuntimeError, match="no mean rule"):
