@@ -26,7 +26,7 @@ import os
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -77,10 +77,45 @@ def exact_product(a: float, n: int) -> tuple[float, float]:
     return hi, lo
 
 
+def exact_products(a: float, ns: npt.NDArray[np.int64]) -> tuple[list[float], list[float]]:
+    """:func:`exact_product` of ``a`` with each of ``ns`` (integers in [0, 2**53)), the same
+    floats, vectorised: ``hi`` is the correctly rounded product, and ``lo`` its rounding
+    error, which Dekker's two-product computes exactly in binary64 unless a partial product
+    leaves the normal range; for such ``a`` every product is computed by
+    :func:`exact_product`."""
+    values = np.asarray(ns, dtype=np.int64)
+    if not (2.0**-500 <= a <= 2.0**500) or (
+        values.size and not 0 <= values.min() <= values.max() < 2**53
+    ):
+        pairs = [exact_product(a, int(n)) for n in values.tolist()]
+        return [h for h, _ in pairs], [low for _, low in pairs]
+    b = values.astype(np.float64)
+    hi = a * b
+
+    def split(x: npt.NDArray[np.float64] | float) -> tuple[Any, Any]:
+        c = 134217729.0 * x  # 2**27 + 1: Veltkamp's split into two 26-bit halves
+        high = c - (c - x)
+        return high, x - high
+
+    a_hi, a_lo = split(a)
+    b_hi, b_lo = split(b)
+    lo = ((a_hi * b_hi - hi) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+    return hi.tolist(), lo.tolist()
+
+
 def _scaled_integer(x: float) -> int:
     """``x * 2**1074`` exactly: every finite non-negative float is an integer there."""
     num, den = x.as_integer_ratio()
     return num * ((1 << 1074) // den)
+
+
+def _scaled_integers(xs: list[float]) -> list[int]:
+    """:func:`_scaled_integer` of each of ``xs`` (finite, non-negative), from each float's
+    53-bit significand and exponent."""
+    significands, exponents = np.frexp(np.asarray(xs, dtype=np.float64))
+    whole = (significands * 2.0**53).astype(np.int64).tolist()  # exact: 53 bits
+    shifts = (exponents.astype(np.int64) + (1074 - 53)).tolist()
+    return [n << s if s >= 0 else n >> -s for n, s in zip(whole, shifts, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -106,12 +141,11 @@ class SelectionPlan:
 def level_weights(counts: list[int], deviations: list[int], epsilon: float) -> list[float]:
     """Unnormalised level weights ``n_L * exp(-epsilon * (dev_L - dev_0) / 4)``, ~2 ulp each."""
     rate = epsilon / 4.0
-    base = deviations[0]
-    weights = []
-    for count, dev in zip(counts, deviations, strict=True):
-        hi, lo = exact_product(rate, dev - base)
-        weights.append(count * (math.exp(-hi) * (1.0 - lo)))
-    return weights
+    gaps = np.asarray(deviations, dtype=np.int64) - deviations[0]
+    his, los = exact_products(rate, gaps)
+    return [
+        count * (math.exp(-hi) * (1.0 - lo)) for count, hi, lo in zip(counts, his, los, strict=True)
+    ]
 
 
 def plan_selection(deviations: npt.NDArray[np.integer], epsilon: float) -> SelectionPlan:
@@ -124,7 +158,7 @@ def plan_selection(deviations: npt.NDArray[np.integer], epsilon: float) -> Selec
         raise InternalError(f"plan_selection needs a finite epsilon > 0, got {epsilon!r}")
 
     def weights(counts: list[int], level_devs: list[int]) -> list[int]:
-        return [_scaled_integer(w) for w in level_weights(counts, level_devs, epsilon)]
+        return _scaled_integers(level_weights(counts, level_devs, epsilon))
 
     return plan_levels(deviations, weights)
 
