@@ -103,19 +103,18 @@ def exact_products(a: float, ns: npt.NDArray[np.int64]) -> tuple[list[float], li
     return hi.tolist(), lo.tolist()
 
 
-def _scaled_integer(x: float) -> int:
-    """``x * 2**1074`` exactly: every finite non-negative float is an integer there."""
-    num, den = x.as_integer_ratio()
-    return num * ((1 << 1074) // den)
-
-
-def _scaled_integers(xs: list[float]) -> list[int]:
-    """:func:`_scaled_integer` of each of ``xs`` (finite, non-negative), from each float's
-    53-bit significand and exponent."""
+def _proportional_integers(xs: list[float]) -> list[int]:
+    """Integers exactly proportional to ``xs`` (finite, non-negative floats): each float's
+    53-bit significand shifted by its exponent, less the smallest exponent of a non-zero
+    entry, so the integers are as short as the spread of the floats allows (every float is
+    an integer times 2**-1074, so this is ``x * 2**1074`` divided by one power of two)."""
     significands, exponents = np.frexp(np.asarray(xs, dtype=np.float64))
-    whole = (significands * 2.0**53).astype(np.int64).tolist()  # exact: 53 bits
-    shifts = (exponents.astype(np.int64) + (1074 - 53)).tolist()
-    return [n << s if s >= 0 else n >> -s for n, s in zip(whole, shifts, strict=True)]
+    whole = (significands * 2.0**53).astype(np.int64)  # exact: 53 bits
+    nonzero = whole != 0
+    if not nonzero.any():
+        return [0] * len(xs)
+    shifts = exponents.astype(np.int64) - exponents[nonzero].min()
+    return [n << s if n else 0 for n, s in zip(whole.tolist(), shifts.tolist(), strict=True)]
 
 
 @dataclass(frozen=True)
@@ -158,7 +157,7 @@ def plan_selection(deviations: npt.NDArray[np.integer], epsilon: float) -> Selec
         raise InternalError(f"plan_selection needs a finite epsilon > 0, got {epsilon!r}")
 
     def weights(counts: list[int], level_devs: list[int]) -> list[int]:
-        return _scaled_integers(level_weights(counts, level_devs, epsilon))
+        return _proportional_integers(level_weights(counts, level_devs, epsilon))
 
     return plan_levels(deviations, weights)
 
@@ -179,8 +178,8 @@ def plan_levels(deviations: npt.NDArray[np.integer], weights: LevelWeights) -> S
     order = np.argsort(devs, kind="stable").astype(np.int64)
     # np.unique, not np.bincount: the time must not grow with the largest deviation.
     values, sizes = np.unique(devs, return_counts=True)
-    level_devs = [int(d) for d in values]
-    counts = [int(c) for c in sizes]
+    level_devs = [int(d) for d in values.tolist()]
+    counts = [int(c) for c in sizes.tolist()]
     scaled = weights(counts, level_devs)
     total = sum(scaled)
     if len(scaled) != len(counts) or min(scaled) < 0 or total <= 0:
@@ -193,7 +192,7 @@ def plan_levels(deviations: npt.NDArray[np.integer], weights: LevelWeights) -> S
         if threshold >= _TWO64:
             break
         thresholds.append(threshold)
-    starts = tuple(int(s) for s in np.concatenate(([0], np.cumsum(counts)[:-1])))
+    starts = tuple(np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64).tolist())
     return SelectionPlan(
         m=m,
         order=order,

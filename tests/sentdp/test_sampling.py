@@ -234,11 +234,13 @@ def test_default_randomness_is_the_system_csprng(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize("seed", range(6))
 def test_vectorised_level_weights_equal_exact_rationals_bit_for_bit(seed: int) -> None:
-    """The planner's weights (Dekker's two-product, significand shifts) are the integers the
-    one-level-at-a-time exact-rational computation gives, for rates from 2**-600 (the scalar
-    fallback) to 2**600 and gaps up to 2**52: so every plan, and every privacy figure proved
-    for it, is unchanged."""
-    from sentdp.sampling import _scaled_integers, level_weights
+    """The planner's weights (Dekker's two-product, significand shifts) are exactly
+    proportional to the integers of the one-level-at-a-time exact-rational computation, for
+    rates from 2**-600 (the scalar fallback) to 2**600 and gaps up to 2**52, and its plans
+    equal the plans made from those integers: every privacy figure proved for them holds."""
+    from fractions import Fraction
+
+    from sentdp.sampling import _proportional_integers, level_weights, plan_levels
     from tests.sentdp.reference import scalar_level_weights
 
     rng = np.random.default_rng(seed)
@@ -252,5 +254,21 @@ def test_vectorised_level_weights_equal_exact_rationals_bit_for_bit(seed: int) -
             rng.uniform(1e-4, 100) / 65,  # what the mechanisms run at
             4 * 2 ** rng.uniform(-4, 9.4) / max(1, deviations[-1]),  # the last weight > 0
         ][_ % 3]
-        vectorised = _scaled_integers(level_weights(counts, deviations, epsilon))
-        assert vectorised == scalar_level_weights(counts, deviations, epsilon)
+        vectorised = _proportional_integers(level_weights(counts, deviations, epsilon))
+        exact = scalar_level_weights(counts, deviations, epsilon)
+        assert [w == 0 for w in vectorised] == [w == 0 for w in exact]
+        ratios = {Fraction(e, v) for e, v in zip(exact, vectorised, strict=True) if v}
+        assert len(ratios) == 1
+        (ratio,) = ratios
+        assert ratio.numerator & (ratio.numerator - 1) == 0  # a power of two
+        assert ratio.denominator & (ratio.denominator - 1) == 0
+        few = rng.integers(1, 4, size=len(deviations))  # the same levels, as a plan's input
+        candidates = np.repeat(np.asarray(deviations, dtype=np.int64), few)
+        planned = plan_selection(candidates, epsilon)
+        reference = plan_levels(
+            candidates,
+            lambda c, d: scalar_level_weights(c, d, epsilon),  # noqa: B023
+        )
+        assert planned.thresholds == reference.thresholds
+        assert (planned.starts, planned.counts) == (reference.starts, reference.counts)
+        np.testing.assert_array_equal(planned.order, reference.order)
