@@ -28,7 +28,6 @@ from training.p_selection import (
     radius_documents,
     soft_macro_f1,
 )
-from training.pipeline import describe_choice
 from training.settings import load_settings
 from training.store import load_from_store
 
@@ -73,7 +72,7 @@ def compare(bundle: Bundle, quantiles: Sequence[float] = RADIUS_QUANTILES) -> li
     return [
         Row(
             epsilon=choice.epsilon,
-            table_choice=describe_choice(choice),
+            table_choice=choice.describe(),
             table_f1=float(choice.validation_macro_f1 or 0.0),
             mean_variant=best[column][1],
             mean_quantile=best[column][2],

@@ -102,6 +102,12 @@ class PChoice(BaseModel):
     """The clipping radius R of "mean" (public: a quantile of public training sentences'
     recoded norms); None for "depth"."""
 
+    def describe(self) -> str:
+        """The entry's variant and rule, as training prints and records it."""
+        if self.radius is not None:
+            return f"{self.variant} mean R={self.radius:.4g}"
+        return f"{self.variant} p={self.p}"
+
     @model_validator(mode="after")
     def _rule_parameters(self) -> PChoice:
         if self.selection == "depth" and self.radius is not None:

@@ -310,7 +310,7 @@ def build_bundle(
             "nonprivate": c_nonpriv.validation_macro_f1,
             "deepcandidate": {f"{c.epsilon:g}": c.validation_macro_f1 for c in p_table},
         },
-        "choice_by_epsilon": {f"{c.epsilon:g}": describe_choice(c) for c in p_table},
+        "choice_by_epsilon": {f"{c.epsilon:g}": c.describe() for c in p_table},
         "label_by_epsilon": {f"{c.epsilon:g}": c.label for c in p_table},
         "vote": vote.validation_macro_f1,
         "votes": [
@@ -331,13 +331,6 @@ def build_bundle(
         votes=vote.votes,
     )
     return bundle, scores
-
-
-def describe_choice(choice: PChoice) -> str:
-    """A p table entry's variant and rule, as training prints and records it."""
-    if choice.selection == "mean":
-        return f"{choice.variant} mean R={choice.radius:.4g}"
-    return f"{choice.variant} p={choice.p}"
 
 
 def bundle_format_version(

@@ -69,3 +69,9 @@ def test_a_radius_too_small_for_the_candidates_is_refused_on_load(tmp_path: Path
     manifest = bundle.manifest.model_copy(update={"p_table": table})
     with pytest.raises(InputError, match="too far from the origin"):
         Bundle(manifest, bundle.variants, None, bundle.encoder_dir)
+
+
+def test_a_choice_describes_its_variant_and_rule() -> None:
+    depth = PChoice(epsilon=1.0, variant="paper", p=10)
+    mean = PChoice(epsilon=1.0, variant="vote-4d", p=1, selection="mean", radius=8.3567)
+    assert (depth.describe(), mean.describe()) == ("paper p=10", "vote-4d mean R=8.357")
