@@ -71,6 +71,19 @@ def write_tenants(path: Path, tenants: tuple[TenantSpec, ...] = TENANTS) -> Path
     return path
 
 
+def draws_server(folder: Path, model: str, tenants: list[Tenant], documents: int) -> Server:
+    """A started server of ``model`` for ``tenants`` on an SQLite ledger in ``folder``, taking
+    up to ``documents`` documents per request (for tests that draw many samples)."""
+    (folder / "tenants.json").write_text(TenantsFile(tenants=tenants).model_dump_json())
+    env = {
+        "SENTDP_MODEL": model,
+        "SENTDP_TENANTS_FILE": str(folder / "tenants.json"),
+        "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
+        "SENTDP_MAX_DOCUMENTS": str(documents),
+    }
+    return Server(env, log=folder / "server.log").start()
+
+
 def private_home(shared: Path) -> Path:
     """A BENTOML_HOME of its own that shares ``shared``'s models and bentos.
 

@@ -13,8 +13,8 @@ from scipy.stats import chisquare
 from sentdp.accounting import charge_for, epsilon_of_charge
 from sentdp.bundle import Bundle
 from sentdp.encoders import recode
-from service.tenants import Tenant, TenantsFile, hash_key
-from tests.support import Server, client
+from service.tenants import Tenant, hash_key
+from tests.support import Server, client, draws_server
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -34,14 +34,7 @@ REJECT = 1e-12
 def mean_server(mean_bundle_tag: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     folder = tmp_path_factory.mktemp("mean-draws")
     tenant = Tenant(id="t", key_sha256=[hash_key(KEY)], max_epsilon=20, budget=10**6)
-    (folder / "tenants.json").write_text(TenantsFile(tenants=[tenant]).model_dump_json())
-    env = {
-        "SENTDP_MODEL": mean_bundle_tag,
-        "SENTDP_TENANTS_FILE": str(folder / "tenants.json"),
-        "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
-        "SENTDP_MAX_DOCUMENTS": str(DOCUMENTS),
-    }
-    server = Server(env, log=folder / "server.log").start()
+    server = draws_server(folder, mean_bundle_tag, [tenant], DOCUMENTS)
     yield server
     server.stop()
 

@@ -12,8 +12,9 @@ from scipy.stats import chisquare
 
 from sentdp.accounting import charge_for, epsilon_of_charge
 from sentdp.bundle import Bundle
-from service.tenants import Tenant, TenantsFile, hash_key
+from service.tenants import Tenant, hash_key
 from tests.support import Server, client
+from tests.support import draws_server as started_server
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -44,14 +45,7 @@ def draws_server(quick_bundle_tag: str, tmp_path_factory: pytest.TempPathFactory
             id="rho", key_sha256=[hash_key(KEYS["rho"])], accounting="zcdp", delta=1e-6, **common
         ),
     ]
-    (folder / "tenants.json").write_text(TenantsFile(tenants=tenants).model_dump_json())
-    env = {
-        "SENTDP_MODEL": quick_bundle_tag,
-        "SENTDP_TENANTS_FILE": str(folder / "tenants.json"),
-        "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
-        "SENTDP_MAX_DOCUMENTS": str(DOCUMENTS),
-    }
-    server = Server(env, log=folder / "server.log").start()
+    server = started_server(folder, quick_bundle_tag, tenants, DOCUMENTS)
     yield server
     server.stop()
 
