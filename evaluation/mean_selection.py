@@ -15,19 +15,10 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from evaluation.experiment import embedded_corpus
 from sentdp.bundle import Bundle
 from sentdp.encoders import recode
-from sentdp.mean_selection import MeanCandidate
-from training.p_selection import (
-    RADIUS_QUANTILES,
-    candidate_confusion,
-    radii_of,
-    radius_documents,
-    soft_macro_f1,
-)
+from training.p_selection import RADIUS_QUANTILES, Option, choose_p, radii_of, radius_sentences
 from training.settings import load_settings
 from training.store import load_from_store
 
@@ -46,40 +37,42 @@ class Row:
 
 
 def compare(bundle: Bundle, quantiles: Sequence[float] = RADIUS_QUANTILES) -> list[Row]:
-    """One row per epsilon of the bundle's p table."""
-    settings = load_settings()
-    corpus, splits, _, embeddings = embedded_corpus(bundle, settings)
+    """One row per epsilon of the bundle's p table; the mean rule scored and chosen by
+    training's own :func:`~training.p_selection.choose_p` (no ps: the mean rule only)."""
+    corpus, splits, _, embeddings = embedded_corpus(bundle, load_settings())
     class_of = {label: i for i, label in enumerate(corpus.labels)}
     validation = list(splits.validation)
     truth = [class_of[corpus.documents[i].label] for i in validation]
-    public = np.concatenate(radius_documents(embeddings, list(splits.train), splits.seed))
-    epsilons = [choice.epsilon for choice in bundle.manifest.p_table]
-    best: list[tuple[float, str, float, float]] = [(-1.0, "", 0.0, 0.0)] * len(epsilons)
-    for record in bundle.manifest.variants:
-        variant = bundle.variant(record.name)
-        labels = variant.candidate_labels()
+    public = radius_sentences(embeddings, list(splits.train), splits.seed)
+    options = []
+    quantile_of: dict[tuple[str, float], float] = {}  # (variant, radius) -> its first quantile
+    for variant in bundle.variants:
         radii = radii_of(recode(variant.recoder, public), quantiles)
-        documents = [recode(variant.recoder, embeddings.document(i)) for i in validation]
         for q, radius in zip(quantiles, radii.values(), strict=True):
-            mechanism = MeanCandidate(variant.candidates, radius)
-            deviations = [mechanism.deviations(d) for d in documents]
-            for column, epsilon in enumerate(epsilons):
-                probabilities = (np.exp(mechanism.log_probs_for(d, epsilon)) for d in deviations)
-                confusion = candidate_confusion(probabilities, truth, labels, len(corpus.labels))
-                score = soft_macro_f1(confusion)
-                if score > best[column][0]:
-                    best[column] = (score, record.name, q, mechanism.radius)
+            quantile_of.setdefault((variant.record.name, radius), q)
+        options.append(
+            Option(
+                variant=variant.record.name,
+                mechanism=variant.mechanism(),
+                documents=[recode(variant.recoder, embeddings.document(i)) for i in validation],
+                candidate_labels=variant.candidate_labels(),
+                ps=(),
+                means={name: variant.mean_mechanism(radius) for name, radius in radii.items()},
+            )
+        )
+    epsilons = [choice.epsilon for choice in bundle.manifest.p_table]
+    best, _ = choose_p(options, truth, len(corpus.labels), epsilons)
     return [
         Row(
             epsilon=choice.epsilon,
             table_choice=choice.describe(),
             table_f1=float(choice.validation_macro_f1 or 0.0),
-            mean_variant=best[column][1],
-            mean_quantile=best[column][2],
-            mean_radius=best[column][3],
-            mean_f1=best[column][0],
+            mean_variant=mean.variant,
+            mean_quantile=quantile_of[mean.variant, float(mean.radius or 0.0)],
+            mean_radius=float(mean.radius or 0.0),
+            mean_f1=float(mean.validation_macro_f1 or 0.0),
         )
-        for column, choice in enumerate(bundle.manifest.p_table)
+        for choice, mean in zip(bundle.manifest.p_table, best, strict=True)
     ]
 
 

@@ -102,11 +102,13 @@ class PChoice(BaseModel):
     """The clipping radius R of "mean" (public: a quantile of public training sentences'
     recoded norms); None for "depth"."""
 
+    def rule(self) -> str:
+        """The entry's rule and its parameter: ``p=10`` or ``mean R=8.357``."""
+        return f"p={self.p}" if self.radius is None else f"mean R={self.radius:.4g}"
+
     def describe(self) -> str:
         """The entry's variant and rule, as training prints and records it."""
-        if self.radius is not None:
-            return f"{self.variant} mean R={self.radius:.4g}"
-        return f"{self.variant} p={self.p}"
+        return f"{self.variant} {self.rule()}"
 
     @model_validator(mode="after")
     def _rule_parameters(self) -> PChoice:

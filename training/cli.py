@@ -151,7 +151,7 @@ def print_report(report: TrainReport, console: Console) -> None:
             "DeepCandidate (expected)",
             f"{choice.epsilon:g}",
             choice.variant,
-            f"p={choice.p}" if choice.selection == "depth" else f"mean R={choice.radius:.3g}",
+            choice.rule(),
             f"{choice.validation_macro_f1:.3f}",
         )
     for choice in report.bundle.manifest.p_table:

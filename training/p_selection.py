@@ -58,13 +58,13 @@ RADIUS_DOCUMENTS = 2000
 """Public training documents whose recoded sentence norms give the mean rule's radii."""
 
 
-def radius_documents(
+def radius_sentences(
     embeddings: CorpusEmbeddings, train: Sequence[int], seed: int
-) -> list[npt.NDArray[np.floating[Any]]]:
-    """G embeddings of up to :data:`RADIUS_DOCUMENTS` training documents (a seeded sample,
-    in corpus order)."""
+) -> npt.NDArray[np.floating[Any]]:
+    """The G embeddings of the sentences of up to :data:`RADIUS_DOCUMENTS` training documents
+    (a seeded sample, in corpus order), one row each."""
     chosen = np.random.default_rng(seed).permutation(np.asarray(train))[:RADIUS_DOCUMENTS]
-    return [embeddings.document(int(i)) for i in sorted(chosen)]
+    return np.concatenate([embeddings.document(int(i)) for i in sorted(chosen)])
 
 
 def radii_of(

@@ -47,7 +47,7 @@ from training.p_selection import (
     Option,
     choose_p,
     radii_of,
-    radius_documents,
+    radius_sentences,
 )
 from training.prototypes import DEFAULT_PER_CLASS, prototype_variants
 from training.settings import TrainingSettings
@@ -399,7 +399,7 @@ def choose_ps(
     radii."""
     recoded: dict[str, list[npt.NDArray[np.float64]]] = {}
     radii: dict[str, dict[str, float]] = {}
-    public = radius_documents(data.embeddings, data.train, data.seed)
+    public = radius_sentences(data.embeddings, data.train, data.seed) if config.uses_mean else None
     options = []
     for v, spec in variants:
         owner = v.record.recoder_from or v.record.name
@@ -407,9 +407,8 @@ def choose_ps(
             recoded[owner] = [
                 recode(v.recoder, data.embeddings.document(i)) for i in data.validation
             ]
-            if config.uses_mean:
-                sentences = recode(v.recoder, np.concatenate(public))
-                radii[owner] = radii_of(sentences, config.radius_quantiles)
+            if public is not None:
+                radii[owner] = radii_of(recode(v.recoder, public), config.radius_quantiles)
         options.append(
             Option(
                 variant=v.record.name,
