@@ -81,7 +81,12 @@ def pick_device(requested: str | None = None) -> str:
 
 
 class SentenceEncoder:
-    """The frozen sentence encoder G, loaded offline from a sentence-transformers directory."""
+    """The frozen sentence encoder G, loaded offline from a sentence-transformers directory.
+
+    A BERT with mean pooling (the encoders sentdp ships) runs in sentdp's own torch forward
+    pass (:mod:`sentdp.torch_bert`, bit-identical to sentence-transformers and without
+    importing it or transformers); any other directory runs in sentence-transformers.
+    ``plain_torch=False`` forces sentence-transformers (tests compare the two)."""
 
     def __init__(
         self,
@@ -89,13 +94,9 @@ class SentenceEncoder:
         device: str | None = None,
         batch_size: int = 64,
         fixed_batch: bool = False,
+        plain_torch: bool | None = None,
     ) -> None:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        from sentdp import torch_bert
 
         self.path = Path(model_dir) if model_dir is not None else default_encoder_path()
         if not (self.path / "modules.json").is_file():
@@ -103,14 +104,42 @@ class SentenceEncoder:
         self.device = pick_device(device)
         self.batch_size = batch_size
         self.fixed_batch = fixed_batch
-        self._model = SentenceTransformer(str(self.path), device=self.device, local_files_only=True)
-        self._model.eval()
-        self.max_tokens = int(self._model.max_seq_length or LENGTH_BUCKETS[-1])
-        dim = self._model.get_embedding_dimension()
-        if dim is None:
-            raise InputError(f"cannot tell the embedding size of the encoder at {self.path}")
-        self.dim = int(dim)
+        if plain_torch is None:
+            plain_torch = torch_bert.refusal(self.path) is None
+        self._stack: Any = None
+        self._bert: torch_bert.TorchBert | None = None
+        if plain_torch:
+            from sentdp.encoder_layout import SentenceTokenizer, max_tokens_of
+
+            self._bert = torch_bert.TorchBert(self.path, self.device)
+            self.max_tokens = max_tokens_of(self.path)
+            self._tokenizer = SentenceTokenizer(self.path, self.max_tokens)
+            self.dim = self._bert.dim
+        else:
+            stack = self.stack
+            self.max_tokens = int(stack.max_seq_length or LENGTH_BUCKETS[-1])
+            dim = stack.get_embedding_dimension()
+            if dim is None:
+                raise InputError(f"cannot tell the embedding size of the encoder at {self.path}")
+            self.dim = int(dim)
         self._buckets = length_buckets(self.max_tokens)
+
+    @property
+    def stack(self) -> Any:
+        """The directory as a sentence-transformers model (loaded on first use: the ONNX
+        export traces it, and tests compare sentdp's forward pass with it)."""
+        if self._stack is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            from sentence_transformers import SentenceTransformer
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+            self._stack = SentenceTransformer(
+                str(self.path), device=self.device, local_files_only=True
+            )
+            self._stack.eval()
+        return self._stack
 
     def describe(self) -> dict[str, Any]:
         """What a model bundle records about G."""
@@ -122,18 +151,47 @@ class SentenceEncoder:
             "backend": "torch",
         }
 
-    def buckets_of(self, sentences: Sequence[str]) -> list[int]:
-        """The padded length of each sentence: a function of that sentence alone (its tokens)."""
-        encoded = self._model.tokenizer(
+    def _ids(self, sentences: Sequence[str]) -> list[list[int]]:
+        if self._bert is not None:
+            return self._tokenizer.ids(sentences)
+        encoded = self.stack.tokenizer(
             list(sentences), truncation=True, max_length=self.max_tokens, padding=False
         )
-        return [bucket_of(len(ids), self._buckets) for ids in encoded["input_ids"]]
+        return [list(ids) for ids in encoded["input_ids"]]
+
+    def buckets_of(self, sentences: Sequence[str]) -> list[int]:
+        """The padded length of each sentence: a function of that sentence alone (its tokens)."""
+        return [bucket_of(len(ids), self._buckets) for ids in self._ids(sentences)]
 
     def encode(self, sentences: Sequence[str]) -> npt.NDArray[np.float32]:
         """(n, dim) float32 embeddings, each computed as if its sentence were alone."""
         out = np.empty((len(sentences), self.dim), dtype=np.float32)
         if not sentences:
             return out
+        if self._bert is None:
+            return self._encode_in_stack(sentences, out)
+        groups: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
+        for index, ids in enumerate(self._ids(sentences)):
+            groups[bucket_of(len(ids), self._buckets)].append((index, ids))
+        for bucket, members in sorted(groups.items()):
+            for start in range(0, len(members), self.batch_size):
+                chunk = members[start : start + self.batch_size]
+                rows = [ids for _, ids in chunk]
+                if self.fixed_batch:  # pad the batch to full rows: one kernel shape per bucket
+                    rows += [self._tokenizer.filler] * (self.batch_size - len(rows))
+                encoded = self.run_padded(rows, bucket)
+                out[[index for index, _ in chunk]] = encoded[: len(chunk)]
+        return out
+
+    def run_padded(self, rows: list[list[int]], length: int) -> npt.NDArray[np.float32]:
+        """One forward pass of token-id rows padded to ``length`` (sentdp's forward pass)."""
+        if self._bert is None:
+            raise InputError("this encoder runs in sentence-transformers")
+        return self._bert(*self._tokenizer.pad(rows, length))
+
+    def _encode_in_stack(
+        self, sentences: Sequence[str], out: npt.NDArray[np.float32]
+    ) -> npt.NDArray[np.float32]:
         groups: dict[int, list[int]] = defaultdict(list)
         for index, bucket in enumerate(self.buckets_of(sentences)):
             groups[bucket].append(index)
@@ -141,7 +199,7 @@ class SentenceEncoder:
             texts = [sentences[i] for i in indices]
             if self.fixed_batch:  # pad the batch to full rows: one kernel shape per bucket
                 texts += ["."] * (-len(texts) % self.batch_size)
-            encoded = self._model.encode(
+            encoded = self.stack.encode(
                 texts,
                 batch_size=self.batch_size,
                 convert_to_numpy=True,

@@ -29,16 +29,17 @@ Serving an ONNX bundle imports neither torch nor sentence-transformers.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from sentdp.encoders import LENGTH_BUCKETS, bucket_of, file_sha256, length_buckets
+from sentdp import encoder_layout
+from sentdp.encoder_layout import Pooling, SentenceTokenizer, max_tokens_of, pooling_of
+from sentdp.encoders import bucket_of, file_sha256, length_buckets
 from sentdp.errors import InputError
 
 ONNX_FILES = {"onnx": "onnx/model.onnx", "onnx-int8": "onnx/model_int8.onnx"}
@@ -46,81 +47,8 @@ ONNX_FILES = {"onnx": "onnx/model.onnx", "onnx-int8": "onnx/model_int8.onnx"}
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 UNPOOLED_OUTPUT = "token_embeddings"
 """The output of a graph that ends before pooling (pooled here by :func:`mean_pool`)."""
-SENTENCE_OUTPUT = "sentence_embedding"
+SENTENCE_OUTPUT = encoder_layout.SENTENCE_OUTPUT
 """The output of a graph that pools inside (exported before pooling moved out of it)."""
-
-
-Pooling = Literal["mean", "mean+normalize"]
-"""A pooling sentdp applies after a graph that ends at token embeddings."""
-
-LEGACY_POOLING_KEYS = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken",
-}
-"""sentence-transformers' older boolean pooling keys and the mode each names."""
-
-
-def pooling_of(model_dir: Path) -> Pooling | None:
-    """How a sentence-transformers directory turns token embeddings into a sentence
-    embedding, where sentdp can do it outside the graph: "mean" (mean over the tokens) or
-    "mean+normalize" (then L2 normalization); None for any other module stack, a pooling
-    sentdp does not implement, or files it cannot read (that graph keeps its pooling
-    inside). The configs are read as sentence-transformers 6 reads them: ``pooling_mode``
-    wins over the older ``pooling_mode_*`` flags, and no flag set means mean."""
-    stack = _module_stack(model_dir)
-    if stack is None:
-        return None
-    modules, pooling, normalize = stack
-    if "pooling_mode" in pooling:
-        mode = pooling["pooling_mode"]
-        modes = [mode] if isinstance(mode, str) else mode if isinstance(mode, list) else []
-    else:
-        modes = [name for key, name in LEGACY_POOLING_KEYS.items() if pooling.get(key)] or ["mean"]
-    if modes != ["mean"] or pooling.get("include_prompt", True) is not True:
-        return None
-    if len(modules) == 2:
-        return "mean"
-    reads = normalize.get("module_input_name", SENTENCE_OUTPUT)
-    writes = normalize.get("module_output_name") or reads
-    return "mean+normalize" if reads == writes == SENTENCE_OUTPUT else None
-
-
-def _module_stack(
-    model_dir: Path,
-) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]] | None:
-    """The modules of a Transformer-Pooling[-Normalize] stack, its pooling config and its
-    Normalize config ({} where there is none); None for any other stack or unreadable files."""
-    try:
-        modules = json.loads((model_dir / "modules.json").read_text())
-        kinds = [str(module["type"]).rsplit(".", 1)[-1] for module in modules]
-        if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
-            return None
-        folders = [_inside(model_dir, str(module["path"])) for module in modules[1:]]
-        if None in folders:
-            return None
-        configs = [_config(folder) for folder in folders if folder is not None]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not all(isinstance(config, dict) for config in configs):
-        return None
-    return modules, configs[0], configs[1] if len(configs) == 2 else {}
-
-
-def _inside(model_dir: Path, relative: str) -> Path | None:
-    """``model_dir / relative`` when ``relative`` stays inside the directory, else None."""
-    if Path(relative).is_absolute() or ".." in Path(relative).parts:
-        return None
-    return model_dir / relative
-
-
-def _config(folder: Path) -> Any:
-    """A module folder's config.json ({} where the module has none)."""
-    file = folder / "config.json"
-    return json.loads(file.read_text()) if file.is_file() else {}
 
 
 def mean_pool(
@@ -144,16 +72,6 @@ def mean_pool(
     return out
 
 
-def max_tokens_of(model_dir: Path) -> int:
-    """The encoder's truncation length, as sentence-transformers reads it."""
-    config = model_dir / "sentence_bert_config.json"
-    if config.is_file():
-        value = json.loads(config.read_text()).get("max_seq_length")
-        if value:
-            return int(value)
-    return LENGTH_BUCKETS[-1]
-
-
 class OnnxSentenceEncoder:
     """G as an ONNX Runtime session on the CPU, with the torch encoder's interface."""
 
@@ -166,7 +84,6 @@ class OnnxSentenceEncoder:
         threads: int = 2,
     ) -> None:
         import onnxruntime as ort
-        from tokenizers import Tokenizer
 
         if backend not in ONNX_FILES:
             raise InputError(f"unknown ONNX backend {backend!r}; one of {sorted(ONNX_FILES)}")
@@ -183,10 +100,7 @@ class OnnxSentenceEncoder:
         self.fixed_batch = fixed_batch
         self.max_tokens = max_tokens_of(self.path)
         self._buckets = length_buckets(self.max_tokens)
-        self._tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
-        self._tokenizer.no_padding()
-        self._tokenizer.enable_truncation(self.max_tokens)
-        self._pad_id = _pad_id(self.path, self._tokenizer)
+        self._tokenizer = SentenceTokenizer(self.path, self.max_tokens)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -218,8 +132,7 @@ class OnnxSentenceEncoder:
                 f"the graph {self.model_file} has outputs {outputs}; expected "
                 f"[{UNPOOLED_OUTPUT!r}] or [{SENTENCE_OUTPUT!r}]"
             )
-        self._filler = self._tokenizer.encode(".").ids  # public padding rows, as torch's
-        self.dim = int(self._run(self._pad([self._tokenizer.encode("probe").ids], 8)).shape[1])
+        self.dim = int(self._run(self._pad(self._tokenizer.ids(["probe"]), 8)).shape[1])
 
     def describe(self) -> dict[str, Any]:
         """What a model bundle records about G (the graph's digest pins the exact file)."""
@@ -239,18 +152,14 @@ class OnnxSentenceEncoder:
         return self.pooling or "graph"
 
     def _ids(self, sentences: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._tokenizer.encode_batch(list(sentences))]
+        return self._tokenizer.ids(sentences)
 
     def buckets_of(self, sentences: Sequence[str]) -> list[int]:
         """The padded length of each sentence: a function of that sentence alone."""
         return [bucket_of(len(ids), self._buckets) for ids in self._ids(sentences)]
 
     def _pad(self, rows: list[list[int]], length: int) -> dict[str, npt.NDArray[np.int64]]:
-        ids = np.full((len(rows), length), self._pad_id, dtype=np.int64)
-        mask = np.zeros((len(rows), length), dtype=np.int64)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = row
-            mask[i, : len(row)] = 1
+        ids, mask = self._tokenizer.pad(rows, length)
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
         return {name: feeds[name] for name in self._inputs}
 
@@ -279,18 +188,7 @@ class OnnxSentenceEncoder:
                 chunk = members[start : start + self.batch_size]
                 rows = [ids for _, ids in chunk]
                 if self.fixed_batch:  # one input shape per bucket
-                    rows += [self._filler] * (self.batch_size - len(rows))
+                    rows += [self._tokenizer.filler] * (self.batch_size - len(rows))
                 encoded = self._run(self._pad(rows, bucket))
                 out[[index for index, _ in chunk]] = encoded[: len(chunk)]
         return out
-
-
-def _pad_id(model_dir: Path, tokenizer: Any) -> int:
-    config = model_dir / "tokenizer_config.json"
-    token = json.loads(config.read_text()).get("pad_token") if config.is_file() else None
-    if isinstance(token, dict):
-        token = token.get("content")
-    pad = tokenizer.token_to_id(token) if token else None
-    if pad is None:
-        raise InputError(f"cannot find the padding token of the tokenizer in {model_dir}")
-    return int(pad)

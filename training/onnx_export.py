@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from sentdp.encoder_layout import pooling_of
 from sentdp.encoders import SentenceEncoder, encoder_files_sha256, length_buckets
 from sentdp.errors import InputError
 from sentdp.onnx_encoder import (
@@ -46,7 +47,6 @@ from sentdp.onnx_encoder import (
     UNPOOLED_OUTPUT,
     OnnxSentenceEncoder,
     mean_pool,
-    pooling_of,
 )
 
 EXPORT_FORMAT = 5
@@ -113,8 +113,7 @@ def _export_float(source: Path, graph: Path, pool_inside: bool | None = None) ->
     one or the other (tests make a graph of the older kind with it)."""
     import torch
 
-    encoder = SentenceEncoder(source, "cpu")
-    stack = encoder._model
+    stack = SentenceEncoder(source, "cpu", plain_torch=False).stack
     example = stack.tokenizer(
         ["An example sentence.", "Another, a little longer, example sentence."],
         padding="max_length",

@@ -40,11 +40,15 @@ def test_a_sentence_embeds_bit_identically_alone_and_in_a_mixed_batch(encoder) -
         np.testing.assert_array_equal(embedded[batch.index(TARGET)], alone)
 
 
+def _padded_to_the_longest(encoder, sentences):  # type: ignore[no-untyped-def]
+    rows = encoder._ids(sentences)
+    return encoder.run_padded(rows, max(len(row) for row in rows))
+
+
 def test_unbucketed_encoding_is_not_batch_independent_which_is_why_buckets_exist(encoder) -> None:
     # Guard that the test above can fail: plain padding to the longest member moves the bits.
-    model = encoder._model
-    alone = model.encode([TARGET], convert_to_numpy=True)[0]
-    mixed = model.encode([TARGET, *LONGER], convert_to_numpy=True)[0]
+    alone = _padded_to_the_longest(encoder, [TARGET])[0]
+    mixed = _padded_to_the_longest(encoder, [TARGET, *LONGER])[0]
     assert np.abs(alone - mixed).max() > 0
 
 
@@ -63,7 +67,7 @@ def test_the_start_up_check_catches_an_encoder_that_depends_on_its_batch(
     encoder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def padded_to_the_longest(sentences):  # type: ignore[no-untyped-def]
-        return encoder._model.encode(list(sentences), convert_to_numpy=True)
+        return _padded_to_the_longest(encoder, list(sentences))
 
     monkeypatch.setattr(encoder, "encode", padded_to_the_longest)
     found = batch_invariance_violations(encoder, INVARIANCE_PROBES[:3], batch_sizes=(3,))

@@ -160,7 +160,7 @@ def test_token_ids_are_torchs_and_the_gateways(encoder, exported) -> None:
     gateway's TokenCounter charges the same buckets."""
     onnx = open_encoder(exported["onnx"], "onnx")
     assert isinstance(onnx, OnnxSentenceEncoder)
-    hf = encoder._model.tokenizer(EDGE_TEXTS, truncation=True, max_length=encoder.max_tokens)
+    hf = encoder.stack.tokenizer(EDGE_TEXTS, truncation=True, max_length=encoder.max_tokens)
     assert onnx._ids(EDGE_TEXTS) == hf["input_ids"]
     counter = TokenCounter(exported["onnx"], onnx.max_tokens)
     assert counter.padded_tokens(EDGE_TEXTS) == onnx.buckets_of(EDGE_TEXTS)
@@ -352,7 +352,7 @@ def test_the_export_keeps_pooling_inside_when_sentdp_would_pool_differently(
 
     from training import onnx_export
 
-    stack = SentenceEncoder(default_encoder_path(), "cpu")._model
+    stack = SentenceEncoder(default_encoder_path(), "cpu").stack
     example = stack.tokenizer(
         ["A short one.", "A longer example sentence, with a clause."],
         padding="max_length",

@@ -1,0 +1,198 @@
+"""BERT's forward pass and mean pooling in plain torch operations, without transformers.
+
+Importing transformers and sentence-transformers is most of a torch worker's start-up
+(measured on a 2-core AMD EPYC: torch 1.6 s, then transformers with its BERT 3.5 s, which
+pulls in SymPy and SciPy, and sentence-transformers 1.5 s more) and a share of its memory.
+For the encoders sentdp ships (BERT with mean pooling, optionally normalized, as
+all-MiniLM-L6-v2) this module computes what sentence-transformers 6 computes with
+transformers 5's ``BertModel`` and its SDPA attention: the same torch operations, in the same
+order, on the same tensors, so the embeddings are bit-identical (tested against
+sentence-transformers on real and edge-case sentences, alone and in batches, and in every
+length bucket). A directory it does not cover (:func:`refusal` says why) is run by
+sentence-transformers as before; a bundle records neither, since both give the same bits.
+
+The weights come from the directory's ``model.safetensors``; the tokens from its
+``tokenizer.json`` (:class:`sentdp.encoder_layout.SentenceTokenizer`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from sentdp.encoder_layout import Pooling, module_stack, pooling_of
+from sentdp.errors import InputError
+
+WEIGHTS_FILE = "model.safetensors"
+SUPPORTED_CONFIG = {
+    "model_type": ("bert",),
+    "position_embedding_type": (None, "absolute"),
+    "hidden_act": ("gelu",),
+    "is_decoder": (None, False),
+    "add_cross_attention": (None, False),
+    "chunk_size_feed_forward": (None, 0),
+}
+"""The BERT configurations this forward pass implements, key by key (None: key absent)."""
+SUPPORTED_ST_CONFIG = {"max_seq_length", "do_lower_case"}
+"""sentence_bert_config.json keys this module reads (do_lower_case must be false)."""
+
+
+def refusal(model_dir: Path) -> str | None:
+    """Why this module cannot run the encoder in ``model_dir`` (None when it can)."""
+    stack = module_stack(model_dir)
+    if stack is None or pooling_of(model_dir) is None:
+        return "its module stack is not a transformer with mean pooling"
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+        st_config = json.loads((model_dir / "sentence_bert_config.json").read_text())
+    except (OSError, ValueError):
+        return "it has no readable config.json and sentence_bert_config.json"
+    reasons = [
+        f"its config has {key} {config.get(key)!r}"
+        for key, allowed in SUPPORTED_CONFIG.items()
+        if config.get(key) not in allowed
+    ]
+    if stack[0][0].get("path") not in ("", "."):
+        reasons.append("its transformer is not at the top of the directory")
+    if set(st_config) - SUPPORTED_ST_CONFIG or st_config.get("do_lower_case"):
+        reasons.append("its sentence_bert_config.json asks for more than a truncation length")
+    if not isinstance(st_config.get("max_seq_length"), int):
+        reasons.append("its sentence_bert_config.json names no max_seq_length")
+    if not (model_dir / WEIGHTS_FILE).is_file() or not (model_dir / "tokenizer.json").is_file():
+        reasons.append(f"it has no {WEIGHTS_FILE} and tokenizer.json")
+    return "; ".join(reasons) or None
+
+
+class TorchBert:
+    """G's transformer and pooling for one BERT directory, on one torch device."""
+
+    def __init__(self, model_dir: Path, device: str = "cpu") -> None:
+        import torch
+        from safetensors.torch import load_file
+
+        reason = refusal(model_dir)
+        if reason is not None:
+            raise InputError(f"sentdp cannot run the encoder in {model_dir} itself: {reason}")
+        config = json.loads((model_dir / "config.json").read_text())
+        pooling: Pooling | None = pooling_of(model_dir)
+        self.normalize = pooling == "mean+normalize"
+        self.dim = int(config["hidden_size"])
+        self.heads = int(config["num_attention_heads"])
+        self.layers = int(config["num_hidden_layers"])
+        self.eps = float(config["layer_norm_eps"])
+        if self.dim % self.heads:
+            raise InputError(f"{model_dir}: hidden size {self.dim} is not a multiple of its heads")
+        weights = load_file(str(model_dir / WEIGHTS_FILE), device=device)
+        prefix = "" if "embeddings.word_embeddings.weight" in weights else "bert."
+        self._weights: dict[str, Any] = {}
+        for name in self._names():
+            tensor = weights.get(prefix + name)
+            if tensor is None or tensor.dtype != torch.float32:
+                raise InputError(f"{model_dir}/{WEIGHTS_FILE} has no float32 tensor {name}")
+            self._weights[name] = tensor
+        self.device = device
+
+    def _names(self) -> list[str]:
+        names = [
+            f"embeddings.{table}_embeddings.weight" for table in ("word", "token_type", "position")
+        ] + ["embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias"]
+        per_layer = [
+            "attention.self.query",
+            "attention.self.key",
+            "attention.self.value",
+            "attention.output.dense",
+            "attention.output.LayerNorm",
+            "intermediate.dense",
+            "output.dense",
+            "output.LayerNorm",
+        ]
+        for layer in range(self.layers):
+            for part in per_layer:
+                names += [
+                    f"encoder.layer.{layer}.{part}.weight",
+                    f"encoder.layer.{layer}.{part}.bias",
+                ]
+        return names
+
+    def __call__(
+        self, ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.float32]:
+        """(rows, dim) sentence embeddings of right-padded token ids and their mask."""
+        import torch
+
+        with torch.inference_mode():
+            input_ids = torch.from_numpy(ids).to(self.device)
+            attention = torch.from_numpy(mask).to(self.device)
+            tokens = self._transformer(input_ids, attention)
+            pooled: npt.NDArray[np.float32] = self._pool(tokens, attention).cpu().numpy()
+        return pooled
+
+    def _transformer(self, ids: Any, mask: Any) -> Any:
+        """The last hidden states, as transformers' BertModel computes them in eval mode."""
+        import torch
+        from torch.nn import functional
+
+        w = self._weights
+        rows, length = ids.shape
+        norm = (self.dim,)
+        x = functional.embedding(ids, w["embeddings.word_embeddings.weight"])
+        x = x + functional.embedding(
+            torch.zeros_like(ids), w["embeddings.token_type_embeddings.weight"]
+        )
+        positions = torch.arange(length, device=ids.device).expand(1, -1)
+        x = x + functional.embedding(positions, w["embeddings.position_embeddings.weight"])
+        x = functional.layer_norm(
+            x, norm, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], self.eps
+        )
+        # transformers passes SDPA no mask when no row has padding; with an all-true mask
+        # SDPA gives the same bits (tested), so the mask is always given.
+        attend = mask.bool()[:, None, None, :].expand(rows, 1, length, length)
+        head = self.dim // self.heads
+
+        def linear(value: Any, name: str) -> Any:
+            return functional.linear(value, w[f"{name}.weight"], w[f"{name}.bias"])
+
+        def split(value: Any) -> Any:
+            return value.view(rows, length, -1, head).transpose(1, 2)
+
+        for layer in range(self.layers):
+            p = f"encoder.layer.{layer}."
+            query = split(linear(x, p + "attention.self.query"))
+            key = split(linear(x, p + "attention.self.key"))
+            value = split(linear(x, p + "attention.self.value"))
+            attended = functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=attend, dropout_p=0.0, scale=head**-0.5
+            )
+            attended = attended.reshape(attended.shape[0], -1, length, head)
+            attended = attended.transpose(1, 2).contiguous().reshape(rows, length, -1).contiguous()
+            x = functional.layer_norm(
+                linear(attended, p + "attention.output.dense") + x,
+                norm,
+                w[p + "attention.output.LayerNorm.weight"],
+                w[p + "attention.output.LayerNorm.bias"],
+                self.eps,
+            )
+            hidden = functional.gelu(linear(x, p + "intermediate.dense"))
+            x = functional.layer_norm(
+                linear(hidden, p + "output.dense") + x,
+                norm,
+                w[p + "output.LayerNorm.weight"],
+                w[p + "output.LayerNorm.bias"],
+                self.eps,
+            )
+        return x
+
+    def _pool(self, tokens: Any, mask: Any) -> Any:
+        """sentence-transformers' mean pooling (float32) and, if configured, Normalize."""
+        import torch
+        from torch.nn import functional
+
+        weights = mask.unsqueeze(-1).to(tokens.dtype)
+        total = (tokens * weights).sum(dim=1, dtype=torch.float32)
+        count = torch.clamp(weights.sum(dim=1, dtype=torch.float32), min=1e-9)
+        pooled = (total / count).to(torch.float32)
+        return functional.normalize(pooled, p=2, dim=1) if self.normalize else pooled
