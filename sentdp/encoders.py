@@ -211,7 +211,8 @@ class SentenceEncoder:
 
 
 ENCODER_BACKENDS = ("torch", "onnx", "onnx-int8")
-"""How G runs: torch (sentence-transformers), or ONNX Runtime in float32 or static int8."""
+"""How G runs: torch (sentdp's forward pass or sentence-transformers), or ONNX Runtime in
+float32 or static int8."""
 
 
 class Encoder(Protocol):
@@ -302,22 +303,16 @@ class TokenCounter:
     6,000 per second on 2 CPU cores for MiniLM, measured)."""
 
     def __init__(self, model_dir: str | Path, max_tokens: int) -> None:
-        from tokenizers import Tokenizer
+        from sentdp.encoder_layout import SentenceTokenizer
 
-        path = Path(model_dir) / "tokenizer.json"
-        if not path.is_file():
-            raise InputError(f"{model_dir} has no tokenizer.json to count tokens with")
-        self._tokenizer = Tokenizer.from_file(str(path))
-        self._tokenizer.no_padding()
-        self._tokenizer.enable_truncation(max_tokens)
+        self._tokenizer = SentenceTokenizer(Path(model_dir), max_tokens)
         self._buckets = length_buckets(max_tokens)
 
     def padded_tokens(self, sentences: Sequence[str]) -> list[int]:
         """Each sentence's bucket: the padded length it is encoded at."""
         if not sentences:
             return []
-        encoded = self._tokenizer.encode_batch(list(sentences))
-        return [bucket_of(len(e.ids), self._buckets) for e in encoded]
+        return [bucket_of(len(ids), self._buckets) for ids in self._tokenizer.ids(sentences)]
 
 
 @dataclass(frozen=True)

