@@ -9,6 +9,7 @@ they agree with each other and with sentence-transformers (tested).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -121,13 +122,18 @@ class SentenceTokenizer:
         self._tokenizer = Tokenizer.from_file(str(file))
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_tokens)
-        self.pad_id = _pad_id(model_dir, self._tokenizer)
+        self._model_dir = model_dir
         self.filler = self._tokenizer.encode(".").ids
         """A public sentence's ids, for the rows that fill a fixed-shape batch."""
 
     def ids(self, sentences: Sequence[str]) -> list[list[int]]:
         """Each sentence's token ids, computed for that sentence alone."""
         return [e.ids for e in self._tokenizer.encode_batch(list(sentences))]
+
+    @functools.cached_property
+    def pad_id(self) -> int:
+        """The padding token's id, read when first padding: counting tokens needs none."""
+        return _pad_id(self._model_dir, self._tokenizer)
 
     def pad(
         self, rows: list[list[int]], length: int

@@ -138,6 +138,23 @@ def test_the_token_counter_agrees_with_the_encoders_buckets(encoder) -> None:
     assert counter.padded_tokens([]) == []
 
 
+def test_the_token_counter_needs_no_padding_token(encoder, tmp_path: Path) -> None:
+    """The gateway only counts tokens: a tokenizer config that names no padding token (which
+    only padding needs) must not stop it."""
+    import json
+    import shutil
+
+    from sentdp.encoders import TokenCounter
+
+    directory = tmp_path / "encoder"
+    shutil.copytree(encoder.path, directory, ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    del config["pad_token"]
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    counter = TokenCounter(directory, encoder.max_tokens)
+    assert counter.padded_tokens([TARGET, *SHORTER]) == encoder.buckets_of([TARGET, *SHORTER])
+
+
 def test_each_owner_s_repeated_sentence_is_encoded_once_and_bit_identically(encoder) -> None:
     asked: list[list[str]] = []
 
