@@ -7,7 +7,10 @@ All three run in this one process with the same BLAS thread count, on the same d
 (a) sentdp: ``DeepCandidate.sample`` / ``sample_batch`` (sorted-merge depth, exact sampler);
 (b) NumPy float64 brute force of the m*k*p comparisons with F.V^T precomputed, then a
     softmax draw with ``Generator.choice``;
-(c) the same brute-force utilities sampled with ``diffprivlib.mechanisms.Exponential``.
+(c) the same brute-force utilities sampled with ``diffprivlib.mechanisms.Exponential``;
+(d) with ``--device cuda``: (a) with its depth computed in torch on that device (the worker's
+    choice when its encoder runs on CUDA), and how many documents' utilities it gives exactly
+    as the NumPy backend does.
 
 Each figure is the median of several repeats; ratios are against (b).
 """
@@ -76,6 +79,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=30)
     parser.add_argument("--epsilon", type=float, default=6.0)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default=None, help="also run the torch depth backend here")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
@@ -116,6 +120,21 @@ def main() -> None:
             lambda: brute_diffprivlib(docs),
         ),
     ]
+    if args.device:
+        on_device = DeepCandidate(candidates, directions, device=args.device)
+        same = sum(
+            np.array_equal(on_device.utilities(doc), mechanism.utilities(doc)) for doc in docs
+        )
+        print(f"torch depth on {args.device}: utilities equal NumPy's on {same}/{len(docs)} docs")
+
+        def device_single() -> None:
+            for doc in docs[:8]:
+                on_device.sample(doc, args.epsilon)
+
+        def device_batch() -> None:
+            on_device.sample_batch(docs, [args.epsilon] * len(docs))
+
+        rows.append((f"(d) sentdp, torch depth on {args.device}", device_single, device_batch))
     rates = {}
     for name, single, batch in rows:
         single_rate = 8 / median_seconds(single, args.repeats)

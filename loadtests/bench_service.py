@@ -1,6 +1,7 @@
 """End-to-end throughput of the service against the encoder's own limit, in one run.
 
-Run: ``.venv/bin/python loadtests/bench_service.py [--models TAG ...] [--batching-off]``
+Run: ``.venv/bin/python loadtests/bench_service.py [--models TAG ...] [--batching-off]
+[--device cuda] [--gateway-workers N]``
 
 1. raw encoders in this process, with the worker's thread count: sentence-transformers
    ``encode`` (torch; the "x st" column's reference) and sentdp's encoder for each bundle's
@@ -68,19 +69,25 @@ def _rate(encode: Any, sentences: int) -> float:
 
 
 def raw_encoder_rates(
-    documents: list[list[str]], model_dir: Path, backend: str
+    documents: list[list[str]], model_dir: Path, backend: str, device: str = "cpu"
 ) -> dict[str, float]:
     """Sentences/s of sentdp's encoder for ``backend`` in this process: all sentences at once
     (plain length buckets, and fixed-shape batches as the worker uses where the start-up
-    check asks for them), and one document at a time (the ceiling of concurrency 1)."""
-    from sentdp.encoders import open_encoder
+    check asks for them: on CUDA with deterministic kernels, which then stay on in this
+    process), and one document at a time (the ceiling of concurrency 1)."""
+    from sentdp.encoders import open_encoder, use_deterministic_kernels
 
     sentences = [s for doc in documents for s in doc]
     settings = load_settings()  # the worker under test reads the same ones
+    cuda = device.startswith("cuda")
     rates = {}
     for fixed in (False, True):
-        rows = settings.cpu_fixed_batch_size if fixed else settings.encoder_rows("cpu")
-        encoder = open_encoder(model_dir, backend, "cpu", rows, fixed, threads=THREADS)
+        rows = settings.encoder_rows(device)
+        if fixed and not cuda:
+            rows = settings.cpu_fixed_batch_size
+        if fixed and cuda:
+            use_deterministic_kernels()
+        encoder = open_encoder(model_dir, backend, device, rows, fixed, threads=THREADS)
         encoder.encode(sentences[:256])  # warm up
         mode = "fixed batches" if fixed else "buckets"
         rates[f"sentdp {backend} encoder, {mode}"] = _rate(
@@ -92,14 +99,16 @@ def raw_encoder_rates(
     return rates
 
 
-def plain_rate(documents: list[list[str]], model_dir: Path, batch: int) -> float:
+def plain_rate(
+    documents: list[list[str]], model_dir: Path, batch: int, device: str = "cpu"
+) -> float:
     """sentence-transformers ``encode`` (torch) of the same sentences: the reference."""
     import torch
     from sentence_transformers import SentenceTransformer
 
     torch.set_num_threads(THREADS)
     sentences = [s for doc in documents for s in doc]
-    plain = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+    plain = SentenceTransformer(str(model_dir), device=device, local_files_only=True)
     plain.encode(sentences[:256], batch_size=batch)  # warm up
     return _rate(lambda: plain.encode(sentences, batch_size=batch), len(sentences))
 
@@ -227,16 +236,21 @@ async def load(server: Server, documents: list[list[str]], concurrency: int) -> 
     }
 
 
-def serve(model: str, folder: Path, batching: bool) -> Server:
+def serve(
+    model: str, folder: Path, batching: bool, device: str = "cpu", gateways: int | None = None
+) -> Server:
     tenants = write_tenants(folder / "tenants.json")
-    name = f"{model.replace(':', '-')}-{batching}"
+    name = f"{model.replace(':', '-')}-{batching}-{gateways}"
     env = {
         "SENTDP_MODEL": model,
         "SENTDP_TENANTS_FILE": str(tenants),
         "SENTDP_LEDGER_URL": f"sqlite:///{folder / f'ledger-{name}.sqlite3'}",
         "SENTDP_ADAPTIVE_BATCHING": str(batching).lower(),
         "SENTDP_WORKER_THREADS": str(THREADS),
+        "SENTDP_DEVICE": device,
     }
+    if gateways is not None:
+        env["SENTDP_GATEWAY_WORKERS"] = str(gateways)
     return Server(env, log=folder / f"server-{name}.log").start()
 
 
@@ -253,6 +267,14 @@ def main() -> None:
     parser.add_argument(
         "--batching-off", action="store_true", help="also serve with adaptive batching off"
     )
+    parser.add_argument("--device", default="cpu", help="the encoder's device: cpu or cuda")
+    parser.add_argument(
+        "--gateway-workers",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="gateway processes, one server each (default: the service's own default)",
+    )
     args = parser.parse_args()
 
     from training.store import load_from_store
@@ -260,13 +282,16 @@ def main() -> None:
     documents = load_documents(args.documents + 8, seed=1)
     warmup, measured = documents[:8], documents[8:]
     sentences = sum(len(d) for d in measured)
-    print(f"{len(measured)} BBC News test documents, {sentences} sentences, {THREADS} threads")
+    print(
+        f"{len(measured)} BBC News test documents, {sentences} sentences, {THREADS} threads, "
+        f"device {args.device}"
+    )
     bundles = {model: load_from_store(model) for model in args.models}
     first = next(iter(bundles.values()))
-    reference = plain_rate(measured, first.encoder_dir, batch=64)
+    reference = plain_rate(measured, first.encoder_dir, batch=64, device=args.device)
     raw: dict[str, float] = {"sentence-transformers encode (torch)": reference}
     for bundle in bundles.values():
-        raw |= raw_encoder_rates(measured, bundle.encoder_dir, bundle.encoder_backend)
+        raw |= raw_encoder_rates(measured, bundle.encoder_dir, bundle.encoder_backend, args.device)
 
     rows: list[tuple[str, str, dict[str, Any]]] = []
     starts: dict[str, float] = {}
@@ -275,9 +300,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sentdp-bench-") as scratch:
         for model, bundle in bundles.items():
             backend = bundle.encoder_backend
-            for batching in (True, False) if args.batching_off else (True,):
+            servers = [
+                (batching, gateways)
+                for batching in ((True, False) if args.batching_off else (True,))
+                for gateways in args.gateway_workers
+            ]
+            for batching, gateways in servers:
                 label = f"{backend}, batching {'on' if batching else 'off'}"
-                server = serve(model, Path(scratch), batching)
+                if gateways is not None:
+                    label += f", {gateways} gateways"
+                server = serve(model, Path(scratch), batching, args.device, gateways)
                 sampler = RssSampler(server)
                 sampler.start()
                 try:

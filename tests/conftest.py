@@ -70,13 +70,16 @@ def mean_bundle_tag(quick_bundle_tag: str) -> str:
 
 @pytest.fixture(scope="session")
 def encoder():  # type: ignore[no-untyped-def]
-    """The packaged all-MiniLM-L6-v2, loaded once (real weights, CPU)."""
+    """The packaged all-MiniLM-L6-v2, loaded once (real weights, CPU). On a GPU machine,
+    SENTDP_TEST_DEVICE=cuda runs the encoder tests there, and SENTDP_TEST_ENCODER_DIR names
+    the same encoder's directory where the package is not installed (a bundle's copy)."""
     import torch
 
     from sentdp.encoders import SentenceEncoder
 
     torch.set_num_threads(2)
-    return SentenceEncoder(device="cpu")
+    directory = os.environ.get("SENTDP_TEST_ENCODER_DIR") or None
+    return SentenceEncoder(directory, device=os.environ.get("SENTDP_TEST_DEVICE", "cpu"))
 
 
 def postgres_url() -> str | None:

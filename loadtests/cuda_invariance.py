@@ -1,0 +1,124 @@
+"""Does batching move a sentence's embedding on this device? The worker's start-up check in full.
+
+Run: ``python loadtests/cuda_invariance.py [--model TAG] [--device cuda] [--sentences 500]``
+
+For each mode the worker can serve in on the device (plain length buckets; fixed-shape
+batches with deterministic kernels, its fallback), on the bundle's own encoder:
+
+1. the start-up check without stopping at the first violation (every probe, mixed and
+   same-bucket batches of 2 to 64 rows, every row count of one bucket swept): how many rows
+   differ from the probe encoded alone, and by how much at most;
+2. real BBC News test sentences encoded all at once against one at a time: rows not
+   bit-identical (the property the privacy proof needs, on real text).
+
+Also: the device's embeddings against the CPU's and against sentence-transformers' on the same
+device (information only: each is a function of the sentence alone; they need not agree).
+Deterministic kernels stay on in the process once set, so the bucket mode runs first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def real_sentences(count: int) -> list[str]:
+    from sentdp.text import TextLimits
+    from training.datasets import REGISTRY, stratified_splits
+    from training.settings import load_settings
+
+    corpus = REGISTRY["bbc-news"](load_settings().cache_dir, TextLimits())
+    test = stratified_splits(corpus, 0).test
+    sentences = [s for i in test for s in corpus.documents[int(i)].sentences]
+    return sentences[:count]
+
+
+def check(encoder, sentences: list[str]) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    from sentdp.encoders import batch_invariance_violations
+
+    start = time.perf_counter()
+    found = batch_invariance_violations(encoder, sweep_rows=encoder.batch_size)
+    seconds = time.perf_counter() - start
+    deltas = [float(line.rsplit(": ", 1)[1]) for line in found]
+    together = encoder.encode(sentences)
+    alone = np.stack([encoder.encode([s])[0] for s in sentences])
+    moved = np.any(together != alone, axis=1)
+    return {
+        "probe rows moved": len(found),
+        "max probe delta": max(deltas, default=0.0),
+        "check s": seconds,
+        "real rows moved": int(moved.sum()),
+        "max real delta": float(np.abs(together - alone).max()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="sentdp-bbc-news:latest")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--sentences", type=int, default=500)
+    args = parser.parse_args()
+
+    import torch
+
+    from sentdp.encoders import INVARIANCE_PROBES, open_encoder, use_deterministic_kernels
+    from service.settings import load_settings
+    from training.store import load_from_store
+
+    bundle = load_from_store(args.model)
+    rows = load_settings().encoder_rows(args.device)
+    sentences = real_sentences(args.sentences)
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(
+        f"{args.model} ({bundle.encoder_backend}) on {args.device} ({name}), torch "
+        f"{torch.__version__}, {rows} rows per pass, {len(sentences)} real sentences"
+    )
+
+    probes = list(INVARIANCE_PROBES)
+    results = {}
+    buckets = open_encoder(bundle.encoder_dir, bundle.encoder_backend, args.device, rows)
+    print(
+        f"encoder class {type(buckets).__name__}, own torch pass: "
+        f"{getattr(buckets, '_bert', None) is not None}"
+    )
+    results["length buckets"] = check(buckets, sentences)
+    on_device = np.stack([buckets.encode([p])[0] for p in probes])
+
+    from sentence_transformers import SentenceTransformer
+
+    plain = SentenceTransformer(str(bundle.encoder_dir), device=args.device, local_files_only=True)
+    st = np.stack([plain.encode([p])[0] for p in probes])
+    on_cpu = open_encoder(bundle.encoder_dir, bundle.encoder_backend, "cpu", 32)
+    cpu = np.stack([on_cpu.encode([p])[0] for p in probes])
+    del buckets, plain
+
+    use_deterministic_kernels()
+    fixed = open_encoder(bundle.encoder_dir, bundle.encoder_backend, args.device, rows, True)
+    results["fixed batches, deterministic kernels"] = check(fixed, sentences)
+
+    columns = list(next(iter(results.values())))
+    print(f"{'mode':40s} " + " ".join(f"{c:>16s}" for c in columns))
+    for mode, result in results.items():
+        cells = " ".join(
+            f"{v:16d}" if isinstance(v, int) else f"{v:16.3g}" for v in result.values()
+        )
+        print(f"{mode:40s} {cells}")
+    print(
+        f"probes alone, {args.device} vs the CPU: max |diff| "
+        f"{float(np.abs(on_device - cpu).max()):.3g}"
+    )
+    print(
+        f"probes alone, sentdp's encoder vs sentence-transformers on {args.device}: "
+        f"max |diff| {float(np.abs(on_device - st).max()):.3g}, bit-identical rows "
+        f"{int(np.all(on_device == st, axis=1).sum())}/{len(probes)}"
+    )
+
+
+if __name__ == "__main__":
+    main()
