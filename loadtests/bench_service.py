@@ -81,15 +81,20 @@ def raw_encoder_rates(
     settings = load_settings()  # the worker under test reads the same ones
     cuda = device.startswith("cuda")
     rates = {}
-    for fixed in (False, True):
+    modes = [("buckets", False, True), ("fixed batches", True, True)]
+    if cuda and backend == "torch":  # the serving mode's graphs against eager passes
+        modes.append(("fixed batches, eager", True, False))
+    for mode, fixed, graphs in modes:
         rows = settings.encoder_rows(device)
         if fixed and not cuda:
             rows = settings.cpu_fixed_batch_size
         if fixed and cuda:
             use_deterministic_kernels()
-        encoder = open_encoder(model_dir, backend, device, rows, fixed, threads=THREADS)
+        encoder = open_encoder(
+            model_dir, backend, device, rows, fixed, threads=THREADS, cuda_graphs=graphs
+        )
+        encoder.warm_up()
         encoder.encode(sentences[:256])  # warm up
-        mode = "fixed batches" if fixed else "buckets"
         rates[f"sentdp {backend} encoder, {mode}"] = _rate(
             lambda e=encoder: e.encode(sentences), len(sentences)
         )

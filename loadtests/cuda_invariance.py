@@ -3,7 +3,8 @@
 Run: ``python loadtests/cuda_invariance.py [--model TAG] [--device cuda] [--sentences 500]``
 
 For each mode the worker can serve in on the device (plain length buckets; fixed-shape
-batches with deterministic kernels, its fallback), on the bundle's own encoder:
+batches with deterministic kernels, eager or replayed as CUDA graphs), on the bundle's own
+encoder:
 
 1. the start-up check without stopping at the first violation (every probe, mixed and
    same-bucket batches of 2 to 64 rows, every row count of one bucket swept): how many rows
@@ -82,6 +83,7 @@ def main() -> None:
 
     probes = list(INVARIANCE_PROBES)
     results = {}
+    served: dict[bool, np.ndarray] = {}
     buckets = open_encoder(bundle.encoder_dir, bundle.encoder_backend, args.device, rows)
     print(
         f"encoder class {type(buckets).__name__}, own torch pass: "
@@ -99,16 +101,26 @@ def main() -> None:
     del buckets, plain
 
     use_deterministic_kernels()
-    fixed = open_encoder(bundle.encoder_dir, bundle.encoder_backend, args.device, rows, True)
-    results["fixed batches, deterministic kernels"] = check(fixed, sentences)
+    for graphs in (False, True):
+        fixed = open_encoder(
+            bundle.encoder_dir, bundle.encoder_backend, args.device, rows, True, cuda_graphs=graphs
+        )
+        mode = "fixed batches, deterministic" + (", CUDA graphs" if graphs else ", eager")
+        results[mode] = check(fixed, sentences)
+        served[graphs] = fixed.encode(sentences)
 
     columns = list(next(iter(results.values())))
-    print(f"{'mode':40s} " + " ".join(f"{c:>16s}" for c in columns))
+    print(f"{'mode':44s} " + " ".join(f"{c:>16s}" for c in columns))
     for mode, result in results.items():
         cells = " ".join(
             f"{v:16d}" if isinstance(v, int) else f"{v:16.3g}" for v in result.values()
         )
-        print(f"{mode:40s} {cells}")
+        print(f"{mode:44s} {cells}")
+    same = int(np.all(served[False] == served[True], axis=1).sum())
+    print(
+        f"real sentences, CUDA graphs against eager fixed batches: {same}/{len(sentences)} "
+        "rows bit-identical"
+    )
     print(
         f"probes alone, {args.device} vs the CPU: max |diff| "
         f"{float(np.abs(on_device - cpu).max()):.3g}"

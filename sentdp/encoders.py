@@ -112,7 +112,9 @@ class SentenceEncoder:
     encoder sentdp ships) runs in sentdp's own torch forward pass, bit-identical to
     sentence-transformers on the CPU and without importing it or transformers; any other
     directory runs in sentence-transformers.
-    ``plain_torch=False`` forces sentence-transformers (tests compare the two)."""
+    ``plain_torch=False`` forces sentence-transformers (tests compare the two). On CUDA,
+    sentdp's pass in fixed-shape batches is captured once per bucket as a CUDA graph and
+    replayed, the same kernels without their launch cost (``cuda_graphs=False``: eager)."""
 
     def __init__(
         self,
@@ -121,6 +123,7 @@ class SentenceEncoder:
         batch_size: int = 64,
         fixed_batch: bool = False,
         plain_torch: bool | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         from sentdp import torch_bert
 
@@ -137,7 +140,9 @@ class SentenceEncoder:
         if plain_torch:
             from sentdp.encoder_layout import SentenceTokenizer, max_tokens_of
 
-            self._bert = torch_bert.TorchBert(self.path, self.device)
+            # Fixed-shape passes on CUDA replay one captured graph per bucket.
+            graphs = cuda_graphs and fixed_batch and self.device.startswith("cuda")
+            self._bert = torch_bert.TorchBert(self.path, self.device, cuda_graphs=graphs)
             self.max_tokens = max_tokens_of(self.path)
             self._tokenizer = SentenceTokenizer(self.path, self.max_tokens)
             self.dim = self._bert.dim
@@ -201,6 +206,14 @@ class SentenceEncoder:
             self._ids(sentences), self._buckets, self.batch_size, filler, self.run_padded, out
         )
 
+    def warm_up(self) -> None:
+        """One pass of every bucket, so that graphed CUDA passes are captured before the
+        first request rather than inside it (nothing to do otherwise)."""
+        if self._bert is not None and self._bert.cuda_graphs:
+            filler = self._tokenizer.filler
+            for length in self._buckets:
+                self.run_padded([filler] * self.batch_size, length)
+
     def run_padded(self, rows: list[list[int]], length: int) -> npt.NDArray[np.float32]:
         """One forward pass of token-id rows padded to ``length`` (sentdp's forward pass)."""
         if self._bert is None:
@@ -249,6 +262,8 @@ class Encoder(Protocol):
 
     def encode(self, sentences: Sequence[str]) -> npt.NDArray[np.float32]: ...
 
+    def warm_up(self) -> None: ...
+
 
 def _feed(digest: Any, path: Path) -> None:
     with path.open("rb") as handle:
@@ -287,10 +302,11 @@ def open_encoder(
     batch_size: int = 64,
     fixed_batch: bool = False,
     threads: int = 2,
+    cuda_graphs: bool = True,
 ) -> Encoder:
     """G from an encoder directory, run by ``backend`` (ONNX backends run on the CPU)."""
     if backend == "torch":
-        return SentenceEncoder(model_dir, device, batch_size, fixed_batch)
+        return SentenceEncoder(model_dir, device, batch_size, fixed_batch, cuda_graphs=cuda_graphs)
     if backend not in ENCODER_BACKENDS:
         raise InputError(f"unknown encoder backend {backend!r}; one of {ENCODER_BACKENDS}")
     if device not in (None, "cpu"):

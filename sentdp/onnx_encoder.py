@@ -174,6 +174,9 @@ class OnnxSentenceEncoder:
         lengths = feeds["attention_mask"].sum(axis=1).tolist()  # _pad pads on the right
         return mean_pool(output, lengths, normalize=self.pooling == "mean+normalize")
 
+    def warm_up(self) -> None:
+        """Nothing to prepare: ONNX Runtime's session is ready once loaded."""
+
     def encode(self, sentences: Sequence[str]) -> npt.NDArray[np.float32]:
         """(n, dim) float32 embeddings, each computed as if its sentence were alone."""
         out = np.empty((len(sentences), self.dim), dtype=np.float32)

@@ -81,6 +81,9 @@ class ServiceSettings(BaseSettings):
     """A request unfinished after this long is abandoned; its key can then be reused."""
     device: str | None = None
     """torch device of the worker (CUDA when present, else the CPU)."""
+    cuda_graphs: bool = True
+    """On CUDA, replay each bucket's fixed-shape pass as a captured CUDA graph (False: eager
+    passes, the same bits, for drivers where capture fails)."""
     worker_threads: int = Field(default=2, ge=1)
     encoder_backend: Literal["torch", "onnx", "onnx-int8"] | None = None
     """The encoder backend this deployment expects (torch, onnx, onnx-int8); the worker

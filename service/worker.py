@@ -127,6 +127,7 @@ class Worker:
             device,
             settings.encoder_rows(device),
             threads=settings.worker_threads,
+            cuda_graphs=settings.cuda_graphs,
         )
         self.bundle.check_opened_encoder(self.encoder)
         self.encoder_mode = self._batch_invariant_encoder()
@@ -136,6 +137,7 @@ class Worker:
         }
         self.means = mean_mechanisms(self.bundle, settings.max_sentences)
         self.encoder.encode(["Warm up the encoder."])
+        self.encoder.warm_up()  # graphed CUDA passes are captured here, not in a request
 
     # Routes under /worker/: BentoML's request metrics of the worker and the gateway share
     # one /metrics, and the gateway's public /privatize must not be counted with these.
@@ -214,6 +216,7 @@ class Worker:
             settings.encoder_rows(device) if cuda else settings.cpu_fixed_batch_size,
             fixed_batch=True,
             threads=settings.worker_threads,
+            cuda_graphs=settings.cuda_graphs,
         )
 
     def _run(self, requests: list[WorkRequest], key: str) -> list[WorkReply]:
