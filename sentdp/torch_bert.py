@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,7 @@ class TorchBert:
         self.device = device
         self.cuda_graphs = cuda_graphs and str(device).startswith("cuda")
         self._graphs: dict[tuple[int, ...], tuple[Any, Any, Any, Any]] = {}
+        self._graph_lock = threading.Lock()  # a graph's static tensors serve one call at a time
 
     def _shapes(self, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         """Every weight the forward pass reads, with the shape its config implies."""
@@ -180,12 +182,14 @@ class TorchBert:
 
         The replay launches the kernels the capture recorded, those an eager pass of that
         shape runs, so its bits are the eager pass's; it saves the CPU the ~100 launches of
-        each pass. Only fixed-shape passes use it (a handful of shapes, one per bucket).
+        each pass. Only fixed-shape passes use it (a handful of shapes, one per bucket). The
+        graph's input and output tensors are shared by every call of that shape, so calls hold
+        a lock from filling the inputs to reading the output: rows of two callers never mix.
         """
         import torch
 
         key = ids.shape
-        with torch.no_grad():
+        with self._graph_lock, torch.no_grad():
             entry = self._graphs.get(key)
             if entry is None:
                 entry = self._capture(ids, mask)

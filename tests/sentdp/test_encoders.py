@@ -195,3 +195,31 @@ def test_the_start_up_check_sweeps_every_row_count_a_pass_can_have() -> None:
         encoder, sweep_rows=8, batch_sizes=(2, 5), first_only=True
     )
     assert len(stopped) == 5
+
+
+def test_cuda_graphs_are_for_fixed_shape_cuda_passes_only(encoder) -> None:
+    """Graphs replay fixed-shape passes on CUDA; the CPU and plain buckets run eagerly."""
+    assert not SentenceEncoder(
+        encoder.path, "cpu", batch_size=4, fixed_batch=True
+    )._bert.cuda_graphs
+    if torch_cuda_available():
+        assert not SentenceEncoder(encoder.path, "cuda", batch_size=4)._bert.cuda_graphs
+        assert SentenceEncoder(
+            encoder.path, "cuda", batch_size=4, fixed_batch=True
+        )._bert.cuda_graphs
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs a CUDA device (SENTDP_TEST_DEVICE)")
+def test_cuda_graph_replays_equal_eager_passes_bit_for_bit(encoder) -> None:
+    sentences = [TARGET, *SHORTER, *LONGER] * 5
+    graphed = SentenceEncoder(encoder.path, "cuda", batch_size=8, fixed_batch=True)
+    eager = SentenceEncoder(encoder.path, "cuda", batch_size=8, fixed_batch=True, cuda_graphs=False)
+    graphed.warm_up()
+    np.testing.assert_array_equal(graphed.encode(sentences), eager.encode(sentences))
+    assert batch_invariance_violations(graphed, INVARIANCE_PROBES[:4], batch_sizes=(3, 8)) == []

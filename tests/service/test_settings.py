@@ -24,10 +24,10 @@ def test_an_explicit_gateway_count_wins_and_zero_is_refused(
         ServiceSettings()
 
 
-def test_encoder_rows_are_fewer_on_the_cpu_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_encoder_rows_are_32_on_every_device_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SENTDP_ENCODE_BATCH_SIZE", raising=False)
     assert ServiceSettings().encoder_rows("cpu") == 32
-    assert ServiceSettings().encoder_rows("cuda:0") == 64
+    assert ServiceSettings().encoder_rows("cuda:0") == 32
     monkeypatch.setenv("SENTDP_ENCODE_BATCH_SIZE", "48")
     assert ServiceSettings().encoder_rows("cpu") == 48
     assert ServiceSettings().encoder_rows("cuda") == 48
