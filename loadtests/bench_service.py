@@ -242,16 +242,24 @@ async def load(server: Server, documents: list[list[str]], concurrency: int) -> 
 
 
 def serve(
-    model: str, folder: Path, batching: bool, device: str = "cpu", gateways: int | None = None
+    model: str,
+    folder: Path,
+    batching: bool,
+    device: str = "cpu",
+    gateways: int | None = None,
+    workers: int = 1,
 ) -> Server:
+    """The service on ``model``; ``workers`` worker processes share the THREADS encoder
+    threads (at least one each)."""
     tenants = write_tenants(folder / "tenants.json")
-    name = f"{model.replace(':', '-')}-{batching}-{gateways}"
+    name = f"{model.replace(':', '-')}-{batching}-{gateways}-{workers}"
     env = {
         "SENTDP_MODEL": model,
         "SENTDP_TENANTS_FILE": str(tenants),
         "SENTDP_LEDGER_URL": f"sqlite:///{folder / f'ledger-{name}.sqlite3'}",
         "SENTDP_ADAPTIVE_BATCHING": str(batching).lower(),
-        "SENTDP_WORKER_THREADS": str(THREADS),
+        "SENTDP_WORKER_THREADS": str(max(1, THREADS // workers)),
+        "SENTDP_WORKER_PROCESSES": str(workers),
         "SENTDP_DEVICE": device,
     }
     if gateways is not None:
@@ -280,6 +288,13 @@ def main() -> None:
         default=[None],
         help="gateway processes, one server each (default: the service's own default)",
     )
+    parser.add_argument(
+        "--worker-processes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="worker processes, one server each, sharing the encoder threads",
+    )
     args = parser.parse_args()
 
     from training.store import load_from_store
@@ -306,15 +321,18 @@ def main() -> None:
         for model, bundle in bundles.items():
             backend = bundle.encoder_backend
             servers = [
-                (batching, gateways)
+                (batching, gateways, workers)
                 for batching in ((True, False) if args.batching_off else (True,))
                 for gateways in args.gateway_workers
+                for workers in args.worker_processes
             ]
-            for batching, gateways in servers:
+            for batching, gateways, workers in servers:
                 label = f"{backend}, batching {'on' if batching else 'off'}"
                 if gateways is not None:
                     label += f", {gateways} gateways"
-                server = serve(model, Path(scratch), batching, args.device, gateways)
+                if workers != 1:
+                    label += f", {workers} workers"
+                server = serve(model, Path(scratch), batching, args.device, gateways, workers)
                 sampler = RssSampler(server)
                 sampler.start()
                 try:

@@ -156,6 +156,11 @@ class SentenceEncoder:
         self._buckets = length_buckets(self.max_tokens)
 
     @property
+    def cuda_graphs(self) -> bool:
+        """Whether passes replay captured CUDA graphs (fixed-shape batches on CUDA)."""
+        return self._bert is not None and self._bert.cuda_graphs
+
+    @property
     def stack(self) -> Any:
         """The directory as a sentence-transformers model (loaded on first use: the ONNX
         export traces it, and tests compare sentdp's forward pass with it)."""

@@ -83,7 +83,8 @@ class ServiceSettings(BaseSettings):
     """torch device of the worker (CUDA when present, else the CPU)."""
     cuda_graphs: bool = True
     """On CUDA, replay each bucket's fixed-shape pass as a captured CUDA graph (False: eager
-    passes, the same bits, for drivers where capture fails)."""
+    passes, measured bit-identical on an H100). The worker falls back to eager passes by
+    itself when capturing or checking the graphs fails."""
     worker_threads: int = Field(default=2, ge=1)
     encoder_backend: Literal["torch", "onnx", "onnx-int8"] | None = None
     """The encoder backend this deployment expects (torch, onnx, onnx-int8); the worker
@@ -112,6 +113,9 @@ class ServiceSettings(BaseSettings):
     gateway_workers: int | None = Field(default=None, ge=1)
     """Gateway processes; unset: :func:`default_gateway_workers` (1 on a machine of at most
     2 cores, 2 otherwise)."""
+    worker_processes: int = Field(default=1, ge=1)
+    """Worker processes, each with its own encoder, batches and compute thread (on one GPU
+    they share it). Each runs the start-up check and holds the bundle (~380 MiB on the CPU)."""
     worker_gpus: int = Field(default=0, ge=0)
     """GPUs the worker service requests from the deployment (0: run on what is there)."""
     fault_marker: str | None = None

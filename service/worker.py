@@ -27,6 +27,7 @@ from bentoml.validators import ContentType
 from sentdp.mean_selection import MeanCandidate
 from sentdp.mechanism import DeepCandidate
 from service import logs
+from service.invariance import invariant_encoder
 from service.metrics import metric
 from service.scheduling import BATCH_KEY, ComputeThread, FairGate
 from service.schemas import WorkItem, WorkReply, WorkRequest, WorkResult
@@ -81,7 +82,7 @@ def _resources() -> dict[str, Any]:
 
 @bentoml.service(
     name="sentdp-worker",
-    workers=1,
+    workers=BOOT.worker_processes,
     threads=WORKER_CALLERS,
     logging=ACCESS_LOG,
     resources=_resources(),
@@ -137,7 +138,6 @@ class Worker:
         }
         self.means = mean_mechanisms(self.bundle, settings.max_sentences)
         self.encoder.encode(["Warm up the encoder."])
-        self.encoder.warm_up()  # graphed CUDA passes are captured here, not in a request
 
     # Routes under /worker/: BentoML's request metrics of the worker and the gateway share
     # one /metrics, and the gateway's public /privatize must not be counted with these.
@@ -157,52 +157,28 @@ class Worker:
         return self._run(requests, requests[0].tenant if requests else BATCH_KEY)
 
     def _batch_invariant_encoder(self) -> str:
-        """Check that a sentence's encoding does not depend on its batch; if it does, encode
-        in fixed-shape batches (with deterministic kernels on CUDA), and if a CUDA encoder
-        still fails, on the CPU. Some CPUs' kernels also vary with the batch's row count
-        (seen with AVX-512), so the CPU is checked too. Returns the mode, which the log
-        states."""
+        """Serve in a mode where batching cannot move an embedding (:mod:`service.invariance`:
+        the encoder as opened, else fixed-shape batches, else for CUDA the CPU); the mode."""
         from sentdp.encoders import use_deterministic_kernels
 
-        device = self.encoder.device
-        cuda = device.startswith("cuda")
-        kind = "cuda" if cuda else "cpu"
-        violations = self._violations()
-        mode = kind
-        if violations:
-            mode = f"{kind}-fixed-batch"
-            try:
-                if cuda:
-                    use_deterministic_kernels()
-                self.encoder = self._reopen(device)
-                violations = self._violations()
-            except Exception:
-                logs.logger.exception("deterministic encoding failed")
-                violations = ["deterministic kernels unavailable"]
-        if violations and cuda:
-            mode = "cpu-fallback"
-            self.encoder = self._reopen("cpu")
-            violations = self._violations()
-        if violations:  # fail closed: batching would let one sentence move another's embedding
-            logs.log_event("encoder_not_batch_invariant", logging.ERROR, device=device, mode=mode)
-            raise RuntimeError(
-                "the encoder's output depends on its batch even in fixed-shape batches; "
-                "refusing to serve (see the encoder_not_batch_invariant log event)"
-            )
-        level = logging.WARNING if mode not in ("cuda", "cpu") else logging.INFO
-        logs.log_event("encoder_batch_invariance", level, device=device, mode=mode)
+        self.encoder, mode = invariant_encoder(
+            self.encoder,
+            self._reopen,
+            self._violations,
+            load_settings().cuda_graphs,
+            use_deterministic_kernels,
+        )
         return mode
 
-    def _violations(self) -> list[str]:
-        """The start-up check on the encoder as it will serve, with every row count a pass
-        can have swept in one bucket; it stops at the first batch that moves a probe."""
+    @staticmethod
+    def _violations(encoder: Any) -> list[str]:
+        """The start-up check on an encoder as it will serve, with every row count a pass can
+        have swept in one bucket; it stops at the first batch that moves a probe."""
         from sentdp.encoders import batch_invariance_violations
 
-        return batch_invariance_violations(
-            self.encoder, sweep_rows=self.encoder.batch_size, first_only=True
-        )
+        return batch_invariance_violations(encoder, sweep_rows=encoder.batch_size, first_only=True)
 
-    def _reopen(self, device: str) -> Any:
+    def _reopen(self, device: str, cuda_graphs: bool) -> Any:
         """The bundle's encoder again, on ``device``, in fixed-shape batches (small ones on
         the CPU, where padding rows cost as much as real ones)."""
         from sentdp.encoders import open_encoder
@@ -216,7 +192,7 @@ class Worker:
             settings.encoder_rows(device) if cuda else settings.cpu_fixed_batch_size,
             fixed_batch=True,
             threads=settings.worker_threads,
-            cuda_graphs=settings.cuda_graphs,
+            cuda_graphs=cuda_graphs,
         )
 
     def _run(self, requests: list[WorkRequest], key: str) -> list[WorkReply]:

@@ -1,0 +1,71 @@
+"""The worker's start-up choice of how to encode: a mode in which batching cannot move any
+sentence's embedding, or no mode at all (the worker then refuses to serve).
+
+Kernels may vary with a batch's row count (cuBLAS on a GPU, AVX-512 kernels on some CPUs), so
+a sentence's embedding could depend on who else is in its batch. The worker checks the encoder
+as it will serve and, if the check fails, tries in turn: fixed-shape batches on the same
+device (on CUDA with deterministic kernels, replayed as CUDA graphs where enabled, eager
+passes if capturing or checking the graphs fails), then, for CUDA, fixed-shape batches on the
+CPU. The log says which mode serves; failures are logged by exception type only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from service import logs
+
+Check = Callable[[Any], list[str]]
+"""The start-up check on an encoder: where a probe moved (no text), empty when none did."""
+Reopen = Callable[[str, bool], Any]
+"""The bundle's encoder again in fixed-shape batches, on a device, with or without graphs."""
+
+
+def invariant_encoder(
+    encoder: Any,
+    reopen: Reopen,
+    check: Check,
+    cuda_graphs: bool,
+    deterministic: Callable[[], None],
+) -> tuple[Any, str]:
+    """The encoder to serve with and its mode (``cpu``, ``cuda``, ``cpu-fixed-batch``,
+    ``cuda-fixed-batch`` or ``cpu-fallback``); raises when every mode moves a probe."""
+    device = str(encoder.device)
+    cuda = device.startswith("cuda")
+    kind = "cuda" if cuda else "cpu"
+    if not check(encoder):
+        return _serving(encoder, device, kind)
+    tries = [(device, True), (device, False)] if cuda and cuda_graphs else [(device, False)]
+    if cuda:
+        tries.append(("cpu", False))
+    for on, graphs in tries:
+        mode = f"{kind}-fixed-batch" if on == device else "cpu-fallback"
+        try:
+            if on.startswith("cuda"):
+                deterministic()
+            candidate = reopen(on, graphs)
+            candidate.warm_up()  # graphed passes are captured here, every bucket
+            if not check(candidate):
+                return _serving(candidate, device, mode)
+            logs.log_event(
+                "encoder_mode_failed_check", logging.WARNING, device=on, mode=mode, graphs=graphs
+            )
+        except Exception as error:  # its stack, never its message (the handlers drop those)
+            event = "cuda_graph_capture_failed" if graphs else "fixed_batch_encoder_failed"
+            fields = {"event": event, "device": on, "error": type(error).__name__}
+            logs.logger.warning(event, exc_info=True, extra={"sentdp_fields": fields})
+    # fail closed: batching would let one sentence move another's embedding
+    logs.log_event("encoder_not_batch_invariant", logging.ERROR, device=device)
+    raise RuntimeError(
+        "the encoder's output depends on its batch even in fixed-shape batches; "
+        "refusing to serve (see the encoder_not_batch_invariant log event)"
+    )
+
+
+def _serving(encoder: Any, device: str, mode: str) -> tuple[Any, str]:
+    level = logging.INFO if mode in ("cuda", "cpu") else logging.WARNING
+    graphs = bool(getattr(encoder, "cuda_graphs", False))
+    logs.log_event("encoder_batch_invariance", level, device=device, mode=mode, cuda_graphs=graphs)
+    return encoder, mode

@@ -1,0 +1,124 @@
+"""The worker's start-up choice of encoder mode, with encoders whose check results are set:
+each fallback in its order, failures logged by type only, and a refusal when all fail."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import pytest
+
+from service.invariance import invariant_encoder
+
+SECRET = "a sentence that must never reach a log"
+
+
+@dataclass
+class FakeEncoder:
+    device: str
+    fixed: bool = False
+    cuda_graphs: bool = False
+    moves: bool = False
+    capture_fails: bool = False
+    warmed: list[bool] = field(default_factory=list)
+
+    def warm_up(self) -> None:
+        if self.capture_fails:
+            raise RuntimeError(SECRET)
+        self.warmed.append(True)
+
+
+def check(encoder: FakeEncoder) -> list[str]:
+    return ["probe 0, mixed batch of 2 at 1: 1e-07"] if encoder.moves else []
+
+
+class Opener:
+    """reopen(device, graphs) with a chosen outcome per (device, graphs); records the calls."""
+
+    def __init__(self, outcomes: dict[tuple[str, bool], str]) -> None:
+        self.outcomes = outcomes
+        self.calls: list[tuple[str, bool]] = []
+
+    def __call__(self, device: str, graphs: bool) -> FakeEncoder:
+        self.calls.append((device, graphs))
+        outcome = self.outcomes.get((device, graphs), "passes")
+        if outcome == "raises":
+            raise RuntimeError(SECRET)
+        return FakeEncoder(
+            device,
+            fixed=True,
+            cuda_graphs=graphs,
+            moves=outcome == "moves",
+            capture_fails=outcome == "capture fails",
+        )
+
+
+def choose(first: FakeEncoder, opener: Opener, graphs: bool = True) -> tuple[FakeEncoder, str]:
+    calls: list[int] = []
+    encoder, mode = invariant_encoder(first, opener, check, graphs, lambda: calls.append(1))
+    if any(device.startswith("cuda") for device, _ in opener.calls):
+        assert calls, "deterministic kernels must be on before a CUDA reopen"
+    return encoder, mode
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_an_encoder_that_passes_serves_as_opened(device: str) -> None:
+    first, opener = FakeEncoder(device), Opener({})
+    assert choose(first, opener) == (first, device.split(":", maxsplit=1)[0])
+    assert opener.calls == []
+
+
+def test_on_the_cpu_fixed_batches_follow_a_failed_check() -> None:
+    opener = Opener({})
+    encoder, mode = choose(FakeEncoder("cpu", moves=True), opener)
+    assert (mode, opener.calls) == ("cpu-fixed-batch", [("cpu", False)])
+    assert encoder.fixed
+
+
+def test_on_cuda_graphed_fixed_batches_come_first_and_are_captured_before_serving() -> None:
+    opener = Opener({})
+    encoder, mode = choose(FakeEncoder("cuda:0", moves=True), opener)
+    assert (mode, opener.calls) == ("cuda-fixed-batch", [("cuda:0", True)])
+    assert encoder.cuda_graphs
+    assert encoder.warmed
+
+
+def test_a_failed_capture_falls_back_to_eager_cuda_passes_and_logs_no_message(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    opener = Opener({("cuda:0", True): "capture fails"})
+    with caplog.at_level(logging.WARNING, logger="sentdp.service"):
+        encoder, mode = choose(FakeEncoder("cuda:0", moves=True), opener)
+    assert (mode, encoder.cuda_graphs) == ("cuda-fixed-batch", False)
+    assert opener.calls == [("cuda:0", True), ("cuda:0", False)]
+    events = [r.sentdp_fields for r in caplog.records if hasattr(r, "sentdp_fields")]
+    failed = next(e for e in events if e["event"] == "cuda_graph_capture_failed")
+    assert failed["error"] == "RuntimeError"
+    assert SECRET not in str(events)
+
+
+def test_graphs_off_skips_them() -> None:
+    opener = Opener({})
+    _, mode = choose(FakeEncoder("cuda:0", moves=True), opener, graphs=False)
+    assert (mode, opener.calls) == ("cuda-fixed-batch", [("cuda:0", False)])
+
+
+def test_cuda_falls_back_to_the_cpu_when_no_cuda_mode_passes() -> None:
+    opener = Opener({("cuda:0", True): "moves", ("cuda:0", False): "raises"})
+    encoder, mode = choose(FakeEncoder("cuda:0", moves=True), opener)
+    assert mode == "cpu-fallback"
+    assert opener.calls == [("cuda:0", True), ("cuda:0", False), ("cpu", False)]
+    assert encoder.device == "cpu"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_it_refuses_to_serve_when_every_mode_moves_a_probe(
+    device: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    opener = Opener({(d, g): "moves" for d in ("cpu", "cuda:0") for g in (True, False)})
+    with caplog.at_level(logging.ERROR, logger="sentdp.service"), pytest.raises(RuntimeError):
+        choose(FakeEncoder(device, moves=True), opener)
+    assert any(
+        getattr(r, "sentdp_fields", {}).get("event") == "encoder_not_batch_invariant"
+        for r in caplog.records
+    )
