@@ -1,14 +1,16 @@
 """End-to-end throughput of the service against the encoder's own limit, in one run.
 
 Run: ``.venv/bin/python loadtests/bench_service.py [--models TAG ...] [--batching-off]
-[--device cuda] [--gateway-workers N]``
+[--device cuda] [--gateway-workers N ...] [--worker-processes N ...]``
 
 1. raw encoders in this process, with the worker's thread count: sentence-transformers
    ``encode`` (torch; the "x st" column's reference) and sentdp's encoder for each bundle's
-   backend (torch, onnx, onnx-int8), in plain length buckets and in fixed-shape batches,
-   all sentences at once and one document at a time;
-2. the service over HTTP (``bentoml serve``: the default gateway processes, one on 2 cores;
-   one worker process) for each bundle at concurrency 1, 8 and 32, one real BBC News test
+   backend (torch, onnx, onnx-int8), in plain length buckets and in fixed-shape batches
+   (on CUDA: replayed as CUDA graphs, and eager), all sentences at once and one document at
+   a time;
+2. the service over HTTP (``bentoml serve``: the default gateway processes, one on 2 cores,
+   or each count of --gateway-workers; one worker process, or each of --worker-processes)
+   for each bundle at concurrency 1, 8 and 32, one real BBC News test
    document per request: sentences/s, documents/s, p50/p95/p99 latency; "x own" compares
    with sentdp's encoder of the same backend in the worker's mode (one document at a time
    for concurrency 1);
