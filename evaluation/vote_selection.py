@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +33,19 @@ def exponential_probs(deviations: npt.NDArray[np.int64], epsilon: float) -> npt.
     return probs
 
 
+def split_documents(
+    corpus: Any, splits: Any, embeddings: Any, split: str
+) -> tuple[list[Sequence[str]], list[npt.NDArray[Any]], list[int]]:
+    """A split's documents as a vote reads them: sentence texts, sentence embeddings and the
+    class index of each."""
+    class_of = {label: i for i, label in enumerate(corpus.labels)}
+    documents = list(getattr(splits, split))
+    texts = [corpus.documents[i].sentences for i in documents]
+    vectors = [embeddings.document(i) for i in documents]
+    truth = [class_of[corpus.documents[i].label] for i in documents]
+    return texts, vectors, truth
+
+
 def compare(
     bundle: Bundle, epsilons: Sequence[float], short: bool = False
 ) -> list[tuple[str, float, float, float, float]]:
@@ -48,16 +62,15 @@ def compare(
     short_vectors = encoder.encode(short_texts) if short_texts else np.zeros((0, 0))
     short_rows = np.cumsum([0] + [len(d.sentences) for d in short_documents])
     rows = []
+    texts: Sequence[Sequence[str]]
+    vectors: Sequence[npt.NDArray[Any]]
     for split in ("validation", "test", "short")[: 3 if short_documents else 2]:
         if split == "short":
             texts = [d.sentences for d in short_documents]
             vectors = [short_vectors[a:b] for a, b in itertools.pairwise(short_rows)]
             truth = [class_of[d.label] for d in short_documents]
         else:
-            documents = list(getattr(splits, split))
-            texts = [corpus.documents[i].sentences for i in documents]
-            vectors = [embeddings.document(i) for i in documents]
-            truth = [class_of[corpus.documents[i].label] for i in documents]
+            texts, vectors, truth = split_documents(corpus, splits, embeddings, split)
         counts = [len(sentences) for sentences in texts]
         by_vote: dict[int, list[npt.NDArray[np.int64]]] = {}
         for epsilon in epsilons:

@@ -1,0 +1,122 @@
+"""Would SentenceVote do better with votes in the cube than in the simplex? Expected macro-F1.
+
+A vote's tallies have sensitivity U = :data:`sentdp.labels.VOTE_UNITS` per class: replacing one
+sentence moves each class's tally by at most U. Today each sentence's vote lies in the simplex
+(``floor(U * softmax)``, summing to at most U). The per-class bound allows any vote in the cube
+``[0, U]^r``; ``floor(U * exp(l_c - l_max))`` gives the sentence's likeliest class U and every
+other class U times its probability relative to the likeliest, which multiplies each
+sentence's tally differences by 1 / (its top probability). Permute-and-flip and the
+exponential mechanism need only the per-class bound, so cube votes keep their guarantee; the
+sentence-count rule (:mod:`sentdp.count_calibrated`) is proven for simplex votes only, so cube
+votes are scored under permute-and-flip alone. Not served: a candidate, measured here.
+
+Run: ``.venv/bin/python -m evaluation.vote_shape TAG [TAG ...]``: per bundle and epsilon, vote
+0's classifier at temperatures scaled by each factor, in both shapes (simplex drawn as the
+bundle draws it), the factor chosen on validation and its test figure. Exact probabilities,
+no sampling noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from evaluation.experiment import embedded_corpus
+from evaluation.vote_selection import split_documents
+from sentdp.bundle import Bundle
+from sentdp.labels import VOTE_UNITS, SentenceVote, vote_log_probs
+from training.p_selection import DEFAULT_EPSILONS, soft_macro_f1
+from training.settings import load_settings
+from training.store import load_from_store
+
+SHAPES = ("simplex", "cube")
+FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""Temperature factors on vote 0's own temperature."""
+
+
+def cube_votes(
+    vote: SentenceVote, sentences: npt.ArrayLike, texts: Sequence[str] | None = None
+) -> npt.NDArray[np.int64]:
+    """(k, r) integer votes in [0, U], each row a function of its sentence alone: U for the
+    sentence's likeliest class, ``floor(U * exp(l_c - l_max))`` for the others."""
+    logits = vote.logits(sentences, texts)
+    logits -= logits.max(axis=1, keepdims=True)
+    votes: npt.NDArray[np.int64] = np.clip(
+        np.floor(np.exp(logits) * VOTE_UNITS), 0, VOTE_UNITS
+    ).astype(np.int64)
+    return votes
+
+
+def _deviations(votes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    tallies = votes.sum(axis=0)
+    deviations: npt.NDArray[np.int64] = tallies.max() - tallies
+    return deviations
+
+
+def compare_shapes(
+    bundle: Bundle,
+    epsilons: Sequence[float] = DEFAULT_EPSILONS,
+    factors: Sequence[float] = FACTORS,
+) -> dict[tuple[str, str, float, float], float]:
+    """Expected macro-F1 by (split, shape, factor, epsilon) of vote 0 at its temperature times
+    ``factor``: simplex votes drawn by the bundle's rule (by sentence count where it makes
+    votes that way), cube votes by permute-and-flip."""
+    if not bundle.votes:
+        raise ValueError(f"{bundle.manifest.name} has no SentenceVote")
+    corpus, splits, _, embeddings = embedded_corpus(bundle, load_settings())
+    scores: dict[tuple[str, str, float, float], float] = {}
+    for split in ("validation", "test"):
+        texts, vectors, truth = split_documents(corpus, splits, embeddings, split)
+        for factor in factors:
+            vote = bundle.votes[0].scaled(factor)
+            for shape in SHAPES:
+                by_count = shape == "simplex" and vote.by_count
+                deviations = [
+                    vote.deviations(x, t)
+                    if shape == "simplex"
+                    else _deviations(cube_votes(vote, x, t))
+                    for x, t in zip(vectors, texts, strict=True)
+                ]
+                for epsilon in epsilons:
+                    confusion = np.zeros((vote.classes, vote.classes))
+                    for devs, label, t in zip(deviations, truth, texts, strict=True):
+                        n = len(t) if by_count else None
+                        confusion[label] += np.exp(vote_log_probs(devs, epsilon, n))
+                    scores[(split, shape, factor, epsilon)] = soft_macro_f1(confusion)
+    return scores
+
+
+def chosen(
+    scores: dict[tuple[str, str, float, float], float], shape: str, epsilon: float
+) -> tuple[float, float, float]:
+    """(factor, validation, test) of the factor with the best validation score."""
+    factors = sorted({f for (_, s, f, e) in scores if s == shape and e == epsilon})
+    best = max(factors, key=lambda f: scores[("validation", shape, f, epsilon)])
+    return (
+        best,
+        scores[("validation", shape, best, epsilon)],
+        scores[("test", shape, best, epsilon)],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m evaluation.vote_shape")
+    parser.add_argument("tags", nargs="+", metavar="TAG", help="bundles in the model store")
+    args = parser.parse_args()
+    for tag in args.tags:
+        bundle = load_from_store(tag)
+        scores = compare_shapes(bundle)
+        print(f"\n{bundle.manifest.name} ({bundle.votes[0].classes} classes; vote 0)")
+        print("| ε | simplex: factor, validation, test | cube: factor, validation, test |")
+        print("|---|---|---|")
+        for epsilon in DEFAULT_EPSILONS:
+            cells = [chosen(scores, shape, epsilon) for shape in SHAPES]
+            text = " | ".join(f"x{f:g}, {v:.3f}, {t:.3f}" for f, v, t in cells)
+            print(f"| {epsilon:g} | {text} |")
+
+
+if __name__ == "__main__":
+    main()
