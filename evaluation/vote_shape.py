@@ -27,7 +27,7 @@ import numpy.typing as npt
 from evaluation.experiment import embedded_corpus
 from evaluation.vote_selection import split_documents
 from sentdp.bundle import Bundle
-from sentdp.labels import VOTE_UNITS, SentenceVote, vote_log_probs
+from sentdp.labels import VOTE_UNITS, SentenceVote, tally_deviations, vote_log_probs
 from training.p_selection import DEFAULT_EPSILONS, soft_macro_f1
 from training.settings import load_settings
 from training.store import load_from_store
@@ -48,12 +48,6 @@ def cube_votes(
         np.floor(np.exp(logits) * VOTE_UNITS), 0, VOTE_UNITS
     ).astype(np.int64)
     return votes
-
-
-def _deviations(votes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    tallies = votes.sum(axis=0)
-    deviations: npt.NDArray[np.int64] = tallies.max() - tallies
-    return deviations
 
 
 def compare_shapes(
@@ -77,7 +71,7 @@ def compare_shapes(
                 deviations = [
                     vote.deviations(x, t)
                     if shape == "simplex"
-                    else _deviations(cube_votes(vote, x, t))
+                    else tally_deviations(cube_votes(vote, x, t))
                     for x, t in zip(vectors, texts, strict=True)
                 ]
                 for epsilon in epsilons:

@@ -48,17 +48,22 @@ from tests.support import TENANTS, Server, write_tenants
 THREADS = 2
 
 
-def load_documents(count: int, seed: int) -> list[list[str]]:
-    """Real documents: BBC News test-split articles, as the service would split them."""
+def bbc_test_split() -> list[list[str]]:
+    """Every BBC News test-split article in split order, as the service would split them."""
     from sentdp.text import TextLimits
     from training.datasets import REGISTRY, stratified_splits
     from training.settings import load_settings
 
     corpus = REGISTRY["bbc-news"](load_settings().cache_dir, TextLimits())
-    test = stratified_splits(corpus, 0).test
+    return [list(corpus.documents[int(i)].sentences) for i in stratified_splits(corpus, 0).test]
+
+
+def load_documents(count: int, seed: int) -> list[list[str]]:
+    """Real documents: ``count`` BBC News test-split articles drawn with ``seed``."""
+    test = bbc_test_split()
     rng = np.random.default_rng(seed)
-    chosen = rng.choice(test, size=min(count, len(test)), replace=False)
-    return [list(corpus.documents[int(i)].sentences) for i in chosen]
+    chosen = rng.choice(len(test), size=min(count, len(test)), replace=False)
+    return [test[int(i)] for i in chosen]
 
 
 def _rate(encode: Any, sentences: int) -> float:
@@ -87,9 +92,7 @@ def raw_encoder_rates(
     if cuda and backend == "torch":  # the serving mode's graphs against eager passes
         modes.append(("fixed batches, eager", True, False))
     for mode, fixed, graphs in modes:
-        rows = settings.encoder_rows(device)
-        if fixed and not cuda:
-            rows = settings.cpu_fixed_batch_size
+        rows = settings.fixed_batch_rows(device) if fixed else settings.encoder_rows(device)
         if fixed and cuda:
             use_deterministic_kernels()
         encoder = open_encoder(

@@ -30,14 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def real_sentences(count: int) -> list[str]:
-    from sentdp.text import TextLimits
-    from training.datasets import REGISTRY, stratified_splits
-    from training.settings import load_settings
+    """The first ``count`` sentences of the BBC News test split."""
+    from loadtests.bench_service import bbc_test_split
 
-    corpus = REGISTRY["bbc-news"](load_settings().cache_dir, TextLimits())
-    test = stratified_splits(corpus, 0).test
-    sentences = [s for i in test for s in corpus.documents[int(i)].sentences]
-    return sentences[:count]
+    return [s for document in bbc_test_split() for s in document][:count]
 
 
 def check(encoder, sentences: list[str]) -> dict[str, object]:  # type: ignore[no-untyped-def]

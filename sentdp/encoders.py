@@ -141,7 +141,7 @@ class SentenceEncoder:
             from sentdp.encoder_layout import SentenceTokenizer, max_tokens_of
 
             # Fixed-shape passes on CUDA replay one captured graph per bucket.
-            graphs = cuda_graphs and fixed_batch and self.device.startswith("cuda")
+            graphs = cuda_graphs and fixed_batch
             self._bert = torch_bert.TorchBert(self.path, self.device, cuda_graphs=graphs)
             self.max_tokens = max_tokens_of(self.path)
             self._tokenizer = SentenceTokenizer(self.path, self.max_tokens)

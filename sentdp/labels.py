@@ -68,6 +68,13 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
+def tally_deviations(votes: IntArray) -> IntArray:
+    """(r,) ``max_c n_c - n_c`` of (k, r) per-sentence votes, ``n_c`` their column sums."""
+    tallies = votes.sum(axis=0)
+    deviations: IntArray = tallies.max() - tallies
+    return deviations
+
+
 @dataclass(frozen=True)
 class SentenceVote:
     """The label mechanism: a public linear per-sentence classifier ``softmax(x W^T + b)``
@@ -169,9 +176,7 @@ class SentenceVote:
 
     def deviations(self, sentences: npt.ArrayLike, texts: Sequence[str] | None = None) -> IntArray:
         """(r,) ``max_c n_c - n_c``: how far each class's tally is behind the leader's."""
-        tallies = self.votes(sentences, texts).sum(axis=0)
-        deviations: IntArray = tallies.max() - tallies
-        return deviations
+        return tally_deviations(self.votes(sentences, texts))
 
     def log_probs(
         self,

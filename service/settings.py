@@ -131,6 +131,13 @@ class ServiceSettings(BaseSettings):
             return self.encode_batch_size
         return 32
 
+    def fixed_batch_rows(self, device: str) -> int:
+        """Rows of every pass when the start-up check asks for fixed-shape batches: the
+        device's usual rows on CUDA, ``cpu_fixed_batch_size`` on the CPU."""
+        if device.startswith("cuda"):
+            return self.encoder_rows(device)
+        return self.cpu_fixed_batch_size
+
     @model_validator(mode="after")
     def _largest_request_is_admissible(self) -> ServiceSettings:
         if self.tenant_inflight_tokens < self.max_request_tokens:

@@ -128,7 +128,6 @@ class Worker:
             device,
             settings.encoder_rows(device),
             threads=settings.worker_threads,
-            cuda_graphs=settings.cuda_graphs,
         )
         self.bundle.check_opened_encoder(self.encoder)
         self.encoder_mode = self._batch_invariant_encoder()
@@ -184,12 +183,11 @@ class Worker:
         from sentdp.encoders import open_encoder
 
         settings = load_settings()
-        cuda = device.startswith("cuda")
         return open_encoder(
             self.encoder.path,
             self.bundle.encoder_backend,
             device,
-            settings.encoder_rows(device) if cuda else settings.cpu_fixed_batch_size,
+            settings.fixed_batch_rows(device),
             fixed_batch=True,
             threads=settings.worker_threads,
             cuda_graphs=cuda_graphs,

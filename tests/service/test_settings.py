@@ -31,3 +31,5 @@ def test_encoder_rows_are_32_on_every_device_unless_set(monkeypatch: pytest.Monk
     monkeypatch.setenv("SENTDP_ENCODE_BATCH_SIZE", "48")
     assert ServiceSettings().encoder_rows("cpu") == 48
     assert ServiceSettings().encoder_rows("cuda") == 48
+    assert ServiceSettings().fixed_batch_rows("cuda") == 48
+    assert ServiceSettings().fixed_batch_rows("cpu") == 8  # SENTDP_CPU_FIXED_BATCH_SIZE
