@@ -89,7 +89,8 @@ def compare(
             for devs, label, n in zip(deviations, truth, counts, strict=True):
                 exponential[label] += exponential_probs(devs, epsilon)
                 flip[label] += np.exp(vote_log_probs(devs, epsilon))
-                by_count[label] += np.exp(vote_log_probs(devs, epsilon, n))
+                counted = n if bundle.votes[index].shape == "simplex" else None  # as drawn
+                by_count[label] += np.exp(vote_log_probs(devs, epsilon, counted))
             f1 = [soft_macro_f1(m) for m in (exponential, flip, by_count)]
             rows.append((split, epsilon, f1[0], f1[1], f1[2]))
     return rows

@@ -1,14 +1,13 @@
-"""Would SentenceVote do better with votes in the cube than in the simplex? Expected macro-F1.
+"""SentenceVote's two vote shapes compared on one classifier: expected macro-F1.
 
-A vote's tallies have sensitivity U = :data:`sentdp.labels.VOTE_UNITS` per class: replacing one
-sentence moves each class's tally by at most U. Today each sentence's vote lies in the simplex
-(``floor(U * softmax)``, summing to at most U). The per-class bound allows any vote in the cube
-``[0, U]^r``; ``floor(U * exp(l_c - l_max))`` gives the sentence's likeliest class U and every
-other class U times its probability relative to the likeliest, which multiplies each
-sentence's tally differences by 1 / (its top probability). Permute-and-flip and the
-exponential mechanism need only the per-class bound, so cube votes keep their guarantee; the
-sentence-count rule (:mod:`sentdp.count_calibrated`) is proven for simplex votes only, so cube
-votes are scored under permute-and-flip alone. Not served: a candidate, measured here.
+A vote's tallies have sensitivity U = :data:`sentdp.labels.VOTE_UNITS` per class. A simplex
+vote (``floor(U * softmax)``) sums to at most U; a cube vote (``floor(U * exp(l_c - l_max))``,
+:attr:`sentdp.labels.SentenceVote.shape`) gives the sentence's likeliest class U and every
+other class U times its probability relative to the likeliest. Training chooses the shape per
+epsilon with the rest of the vote (:mod:`training.label_vote`); this holds everything else
+fixed (vote 0's classifier, its temperature scaled by each factor) to show what the shape
+alone does. Simplex votes are drawn as the bundle draws them (by sentence count where it
+does), cube votes by permute-and-flip (the count rule is proven for the simplex only).
 
 Run: ``.venv/bin/python -m evaluation.vote_shape TAG [TAG ...]``: per bundle and epsilon, vote
 0's classifier at temperatures scaled by each factor, in both shapes (simplex drawn as the
@@ -22,32 +21,18 @@ import argparse
 from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 
 from evaluation.experiment import embedded_corpus
 from evaluation.vote_selection import split_documents
 from sentdp.bundle import Bundle
-from sentdp.labels import VOTE_UNITS, SentenceVote, tally_deviations, vote_log_probs
+from sentdp.labels import VOTE_SHAPES
 from training.p_selection import DEFAULT_EPSILONS, soft_macro_f1
 from training.settings import load_settings
 from training.store import load_from_store
 
-SHAPES = ("simplex", "cube")
+SHAPES = VOTE_SHAPES
 FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
 """Temperature factors on vote 0's own temperature."""
-
-
-def cube_votes(
-    vote: SentenceVote, sentences: npt.ArrayLike, texts: Sequence[str] | None = None
-) -> npt.NDArray[np.int64]:
-    """(k, r) integer votes in [0, U], each row a function of its sentence alone: U for the
-    sentence's likeliest class, ``floor(U * exp(l_c - l_max))`` for the others."""
-    logits = vote.logits(sentences, texts)
-    logits -= logits.max(axis=1, keepdims=True)
-    votes: npt.NDArray[np.int64] = np.clip(
-        np.floor(np.exp(logits) * VOTE_UNITS), 0, VOTE_UNITS
-    ).astype(np.int64)
-    return votes
 
 
 def compare_shapes(
@@ -65,20 +50,15 @@ def compare_shapes(
     for split in ("validation", "test"):
         texts, vectors, truth = split_documents(corpus, splits, embeddings, split)
         for factor in factors:
-            vote = bundle.votes[0].scaled(factor)
             for shape in SHAPES:
-                by_count = shape == "simplex" and vote.by_count
-                deviations = [
-                    vote.deviations(x, t)
-                    if shape == "simplex"
-                    else tally_deviations(cube_votes(vote, x, t))
-                    for x, t in zip(vectors, texts, strict=True)
-                ]
+                vote = bundle.votes[0].scaled(factor).shaped(shape)
+                if shape == "simplex":
+                    vote = vote.counted(bundle.manifest.vote_by_count)
+                deviations = [vote.deviations(x, t) for x, t in zip(vectors, texts, strict=True)]
                 for epsilon in epsilons:
                     confusion = np.zeros((vote.classes, vote.classes))
                     for devs, label, t in zip(deviations, truth, texts, strict=True):
-                        n = len(t) if by_count else None
-                        confusion[label] += np.exp(vote_log_probs(devs, epsilon, n))
+                        confusion[label] += np.exp(vote.log_probs_for(devs, epsilon, len(t)))
                     scores[(split, shape, factor, epsilon)] = soft_macro_f1(confusion)
     return scores
 

@@ -7,7 +7,7 @@ validation at training time). The paper's recipe is a single variant; task-tuned
 compact, label-specific variants. Candidate ids are global across variants: variant v owns
 ids ``offset_v .. offset_v + m_v - 1``.
 
-Layout (format versions 1 to 6)::
+Layout (format versions 1 to 7)::
 
     manifest.json                   BundleManifest
     encoder/                        the sentence-transformers files of G (self-contained)
@@ -37,6 +37,8 @@ not the distribution validation scored.
 Version 6 adds epsilons whose candidate is drawn by distance to the clipped mean
 (``PChoice.selection`` "mean", :mod:`sentdp.mean_selection`): an older reader would draw it
 by Tukey depth with a meaningless p.
+Version 7 adds votes in the cube (``vote_shapes``, :data:`sentdp.labels.VOTE_SHAPES`): an
+older reader would tally them as softmax votes, another classifier than the one validated.
 """
 
 from __future__ import annotations
@@ -55,17 +57,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sentdp.encoders import MLP, backend_of, encoder_files_sha256, file_sha256
 from sentdp.errors import InputError
-from sentdp.labels import SentenceVote
+from sentdp.labels import SentenceVote, VoteShape
 from sentdp.mean_selection import RADII, MeanCandidate
 from sentdp.mechanism import DeepCandidate
 from sentdp.words import TOKENIZER, WordFeatures
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 """The newest format this sentdp reads and writes (a bundle says the lowest version whose
 readers run it as trained: 1 by default, 2 with shared H, 3 with more than one vote, 4 with
 votes that read words, 5 with votes drawn by the sentence-count rule, 6 with candidates
-drawn by distance to the clipped mean)."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+drawn by distance to the clipped mean, 7 with votes in the cube)."""
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 MANIFEST = "manifest.json"
 MECHANISM_FILE = "mechanism.safetensors"
 VOTE_FILE = "label_vote.safetensors"
@@ -190,8 +192,11 @@ class BundleManifest(BaseModel):
     """The tokenizer of the votes' word features (:data:`sentdp.words.TOKENIZER`) when any
     vote reads words; None otherwise."""
     vote_by_count: bool = False
-    """Whether the votes' selection uses the document's sentence count
-    (:attr:`sentdp.labels.SentenceVote.by_count`); format version 5."""
+    """Whether the simplex votes' selection uses the document's sentence count
+    (:attr:`sentdp.labels.SentenceVote.by_count`; a cube vote never does); format version 5."""
+    vote_shapes: list[VoteShape] | None = None
+    """Each vote's shape, in the order of the votes (None: every vote is a simplex vote);
+    format version 7 when any is ``cube``."""
 
     @field_validator("format_version")
     @classmethod
@@ -216,6 +221,8 @@ class BundleManifest(BaseModel):
             raise ValueError("votes that read words need bundle format version 4")
         if self.format_version < 5 and self.vote_by_count:
             raise ValueError("votes drawn by the sentence-count rule need bundle format version 5")
+        if self.format_version < 7 and "cube" in (self.vote_shapes or ()):
+            raise ValueError("votes in the cube need bundle format version 7")
         if self.vote_words not in (None, TOKENIZER):
             raise ValueError(
                 f"the votes' tokenizer {self.vote_words!r} is not this sentdp's ({TOKENIZER!r})"
@@ -371,8 +378,29 @@ class Bundle:
             raise InputError("a variant's class table does not match the bundle's labels")
         if any(vote.classes != r for vote in self.votes):
             raise InputError("a vote classifier does not match the bundle's labels")
-        if any(vote.by_count != self.manifest.vote_by_count for vote in self.votes):
-            raise InputError("the manifest's vote_by_count must be every vote's selection rule")
+        self._check_votes()
+        by_name = {v.record.name: v for v in self.variants}
+        for choice in self.manifest.p_table:
+            if choice.radius is not None:  # refuses candidates too far out for this radius
+                by_name[choice.variant].mean_mechanism(choice.radius)
+        for variant in self.variants:
+            source = variant.record.recoder_from
+            if source is not None and variant.recoder is not by_name[source].recoder:
+                raise InputError(f"variant {variant.record.name} must share {source}'s H")
+
+    def _check_votes(self) -> None:
+        """The votes are the ones the manifest describes (shape, rule, words) and the p table
+        names none they lack."""
+        shapes = self.manifest.vote_shapes
+        if shapes is not None and len(shapes) != len(self.votes):
+            raise InputError(
+                f"the manifest gives {len(shapes)} vote shapes for {len(self.votes)} votes"
+            )
+        if [vote.shape for vote in self.votes] != (shapes or ["simplex"] * len(self.votes)):
+            raise InputError("the manifest's vote_shapes must be the votes' shapes")
+        counted = [self.manifest.vote_by_count and v.shape == "simplex" for v in self.votes]
+        if [vote.by_count for vote in self.votes] != counted:
+            raise InputError("the manifest's vote_by_count must be every simplex vote's rule")
         reading = [vote.words for vote in self.votes if vote.words is not None]
         if bool(reading) != (self.manifest.vote_words is not None):
             raise InputError("the manifest's vote_words must say whether any vote reads words")
@@ -385,14 +413,6 @@ class Bundle:
                     f"the p table asks for vote {choice.vote_index} at epsilon "
                     f"{choice.epsilon:g}, but the bundle has {len(self.votes)} votes"
                 )
-        by_name = {v.record.name: v for v in self.variants}
-        for choice in self.manifest.p_table:
-            if choice.radius is not None:  # refuses candidates too far out for this radius
-                by_name[choice.variant].mean_mechanism(choice.radius)
-        for variant in self.variants:
-            source = variant.record.recoder_from
-            if source is not None and variant.recoder is not by_name[source].recoder:
-                raise InputError(f"variant {variant.record.name} must share {source}'s H")
 
     @property
     def labels(self) -> list[str]:
@@ -535,11 +555,13 @@ class Bundle:
             variants=variants,
             classifier_nonpriv=_optional_mlp(directory, "classifier_nonpriv"),
             encoder_dir=directory / ENCODER_DIR,
-            votes=_votes(directory, manifest.vote_by_count),
+            votes=_votes(directory, manifest.vote_by_count, manifest.vote_shapes),
         )
 
 
-def _votes(directory: Path, by_count: bool) -> tuple[SentenceVote, ...]:
+def _votes(
+    directory: Path, by_count: bool, shapes: list[VoteShape] | None
+) -> tuple[SentenceVote, ...]:
     if not (directory / VOTE_FILE).is_file():
         return ()
     from safetensors.numpy import load_file
@@ -557,15 +579,19 @@ def _votes(directory: Path, by_count: bool) -> tuple[SentenceVote, ...]:
         raise InputError(
             f"{directory / VOTE_FILE} should hold {sorted(expected)}, it holds {sorted(arrays)}"
         )
+    shapes = shapes or ["simplex"] * count
+    if len(shapes) != count:
+        raise InputError(f"the manifest gives {len(shapes)} vote shapes, {VOTE_FILE} {count} votes")
     return tuple(
         SentenceVote(
             arrays[f"weights{x}"],
             arrays[f"bias{x}"],
             arrays.get(f"word_weights{x}"),
             words if f"word_weights{x}" in arrays else None,
-            by_count,
+            by_count and shape == "simplex",
+            shape,
         )
-        for x in suffixes
+        for x, shape in zip(suffixes, shapes, strict=True)
     )
 
 

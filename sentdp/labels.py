@@ -30,6 +30,17 @@ tenants that account in zCDP) is the standard exponential mechanism at the vote'
 ``epsilon - eta(r)``: its log ratios span at most ``eps' + eta_EM(r) <= epsilon``
 (:func:`~sentdp.mechanism.privacy_slack` counts the range).
 
+A vote's *shape* is where its per-sentence votes lie. A ``simplex`` vote is the softmax
+above (a sentence's units sum to at most U). A ``cube`` vote (bundle format version 7) is
+``floor(VOTE_UNITS * exp(l_c - l_max))``: the sentence's likeliest class gets all U units and
+every other class U times its probability relative to the likeliest. It lies in the cube
+``[0, U]^r``, so one replaced sentence still moves each tally by at most U, and the
+selections above, which need only that per-class bound, keep their guarantee. It multiplies
+each sentence's tally differences by 1 / (its top probability): uncertain sentences count for
+more (measured on clothing reviews' validation at epsilon 3, expected macro-F1 0.383 ->
+0.421). The sentence-count rule is proven for simplex votes only, so a cube vote is never
+drawn by count.
+
 Why: DeepCandidate chooses among m candidates, so at small epsilon its choice is spread over
 many of them (the exponential mechanism's utility gap grows with ln m); a label needs only r
 outcomes, and a sentence's vote is bounded in [0, 1] per class however unusual it is.
@@ -41,6 +52,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -67,6 +79,11 @@ VOTE_UNITS = 64
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
+VoteShape = Literal["simplex", "cube"]
+VOTE_SHAPES: tuple[VoteShape, ...] = ("simplex", "cube")
+"""Where a sentence's vote lies: the simplex (softmax, units summing to at most U) or the
+cube [0, U]^r (U for its likeliest class); see the module docstring."""
+
 
 def tally_deviations(votes: IntArray) -> IntArray:
     """(r,) ``max_c n_c - n_c`` of (k, r) per-sentence votes, ``n_c`` their column sums."""
@@ -92,8 +109,14 @@ class SentenceVote:
     """The public vocabulary ``word_weights`` is over."""
     by_count: bool = False
     """Whether the selection may use the document's sentence count (:func:`vote_plan`)."""
+    shape: VoteShape = "simplex"
+    """Where a sentence's vote lies (:data:`VOTE_SHAPES`); a cube vote is never ``by_count``."""
 
     def __post_init__(self) -> None:
+        if self.shape not in VOTE_SHAPES:
+            raise InputError(f"a vote's shape is one of {VOTE_SHAPES}, got {self.shape!r}")
+        if self.shape == "cube" and self.by_count:
+            raise InputError("the sentence-count rule is proven for simplex votes only")
         w, b = np.asarray(self.weights), np.asarray(self.bias)
         if w.ndim != 2 or b.shape != (w.shape[0],) or w.shape[0] < 2:
             raise InputError(f"a vote needs (r, d) weights and (r,) bias, r >= 2; got {w.shape}")
@@ -122,7 +145,7 @@ class SentenceVote:
     def same_as(self, other: SentenceVote) -> bool:
         """Whether both votes draw the same labels for every document (equal parameters and
         selection rule)."""
-        if self.by_count != other.by_count or not (
+        if (self.by_count, self.shape) != (other.by_count, other.shape) or not (
             np.array_equal(self.weights, other.weights) and np.array_equal(self.bias, other.bias)
         ):
             return False
@@ -136,12 +159,24 @@ class SentenceVote:
         """The same classifier with every logit divided by ``temperature``."""
         words = None if self.word_weights is None else self.word_weights / temperature
         return SentenceVote(
-            self.weights / temperature, self.bias / temperature, words, self.words, self.by_count
+            self.weights / temperature,
+            self.bias / temperature,
+            words,
+            self.words,
+            self.by_count,
+            self.shape,
         )
 
     def counted(self, by_count: bool = True) -> SentenceVote:
         """The same classifier with the selection rule ``by_count``."""
-        return SentenceVote(self.weights, self.bias, self.word_weights, self.words, by_count)
+        return SentenceVote(
+            self.weights, self.bias, self.word_weights, self.words, by_count, self.shape
+        )
+
+    def shaped(self, shape: VoteShape) -> SentenceVote:
+        """The same classifier voting in ``shape``; a cube vote is drawn without the count."""
+        by_count = self.by_count and shape == "simplex"
+        return SentenceVote(self.weights, self.bias, self.word_weights, self.words, by_count, shape)
 
     def logits(self, sentences: npt.ArrayLike, texts: Sequence[str] | None = None) -> FloatArray:
         """(k, r) per-sentence logits, each row a function of its sentence alone."""
@@ -164,13 +199,15 @@ class SentenceVote:
 
     def votes(self, sentences: npt.ArrayLike, texts: Sequence[str] | None = None) -> IntArray:
         """(k, r) integer votes in [0, VOTE_UNITS], each row a function of its sentence alone
-        (its embedding and, for a vote that reads words, its text)."""
+        (its embedding and, for a vote that reads words, its text): in the simplex or the
+        cube, by :attr:`shape`."""
         logits = self.logits(sentences, texts)
         if not np.isfinite(logits).all():  # only out-of-range weights get here: fail closed
             raise InternalError("a vote's logits are not finite; the vote's weights are damaged")
         logits -= logits.max(axis=1, keepdims=True)
         probs = np.exp(logits)
-        probs /= probs.sum(axis=1, keepdims=True)
+        if self.shape == "simplex":
+            probs /= probs.sum(axis=1, keepdims=True)
         votes: IntArray = np.clip(np.floor(probs * VOTE_UNITS), 0, VOTE_UNITS).astype(np.int64)
         return votes
 

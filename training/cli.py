@@ -94,6 +94,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "length, as older bundles (default %(default)s)",
     )
     parser.add_argument(
+        "--vote-shape",
+        choices=("both", "simplex"),
+        default="both",
+        help="the votes validation may choose per epsilon: both lets it pick votes in the cube "
+        "(a sentence's likeliest class gets all its units; bundle format 7) where they score "
+        "better, simplex keeps softmax votes only, as older bundles (default %(default)s)",
+    )
+    parser.add_argument(
         "--selection",
         choices=("recipe", "depth", "both"),
         default="recipe",
@@ -128,6 +136,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         corpus_is_public=args.corpus_is_public,
         encoder_backend=args.encoder_backend,
         vote_by_count=args.vote_rule == "by-count",
+        vote_shapes=("simplex", "cube") if args.vote_shape == "both" else ("simplex",),
         mean_selection=None if args.selection == "recipe" else args.selection == "both",
     )
     if args.quick:

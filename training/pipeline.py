@@ -30,7 +30,7 @@ from sentdp.encoders import (
     recode,
 )
 from sentdp.errors import InputError
-from sentdp.labels import SentenceVote
+from sentdp.labels import VOTE_SHAPES, SentenceVote, VoteShape
 from sentdp.text import SentenceSplitter, TextLimits
 from sentdp.words import TOKENIZER
 from training.candidates import choose_candidates
@@ -102,6 +102,9 @@ class TrainConfig:
     vote_by_count: bool = True
     """Draw SentenceVote by the sentence-count rule (:mod:`sentdp.count_calibrated`); False
     draws every vote by permute-and-flip, as bundles before format version 5 do."""
+    vote_shapes: tuple[VoteShape, ...] = VOTE_SHAPES
+    """The vote shapes validation may choose among per epsilon (:data:`sentdp.labels.VOTE_SHAPES`;
+    ``("simplex",)`` trains votes as bundles before format version 7 do)."""
     mean_selection: bool | None = None
     """Let the p table pick the clipped-mean rule (:mod:`sentdp.mean_selection`) where it
     scores better on validation; None: for every recipe but the paper's, which stays the
@@ -291,6 +294,7 @@ def build_bundle(
         config.seed,
         [document.sentences for document in corpus.documents],
         by_count=config.vote_by_count,
+        shapes=config.vote_shapes,
     )
     p_table = with_label_choice(p_table, vote)
     for index, fit in enumerate(vote.fits):
@@ -301,7 +305,8 @@ def build_bundle(
             strength += f", words C={words:g}"
         console.print(
             f"SentenceVote {index}: fitted on {fit.fitted_on}, {strength}, "
-            f"temperature {fit.temperature:g}, runs at ε={'/'.join(runs_at) or '-'}; "
+            f"temperature {fit.temperature:g}, {fit.vote.shape} votes, "
+            f"runs at ε={'/'.join(runs_at) or '-'}; "
             "expected validation macro-F1 "
             + ", ".join(f"ε={e} {f:.3f}" for e, f in fit.validation_macro_f1.items())
         )
@@ -337,6 +342,8 @@ def bundle_format_version(
     variants: Sequence[Variant], p_table: Sequence[PChoice], votes: Sequence[SentenceVote] = ()
 ) -> int:
     """The lowest format version whose readers run this bundle as it was trained."""
+    if any(vote.shape != "simplex" for vote in votes):
+        return 7
     if any(choice.selection != "depth" for choice in p_table):
         return 6
     if any(vote.by_count for vote in votes):
@@ -442,6 +449,7 @@ def bundle_manifest(
         format_version=bundle_format_version(variants, p_table, votes),
         vote_words=TOKENIZER if any(vote.reads_words for vote in votes) else None,
         vote_by_count=any(vote.by_count for vote in votes),
+        vote_shapes=[v.shape for v in votes] if any(v.shape != "simplex" for v in votes) else None,
         name=model_name(config, corpus),
         recipe=config.recipe,
         created=datetime.now(UTC).isoformat(timespec="seconds"),

@@ -249,7 +249,7 @@ def test_a_bundle_keeps_its_vote_rule_and_says_version_5(tmp_path: Path) -> None
     with pytest.raises(ValueError, match="sentence-count rule need bundle format version 5"):
         BundleManifest.model_validate({**manifest, "format_version": 4})
     # the rule is the manifest's: a vote that disagrees with it is refused
-    with pytest.raises(InputError, match="vote_by_count must be every vote's selection rule"):
+    with pytest.raises(InputError, match="vote_by_count must be every simplex vote's rule"):
         Bundle(
             bundle.manifest,
             bundle.variants,

@@ -15,8 +15,10 @@ from sentdp.bundle import Bundle
 from sentdp.errors import InputError
 from sentdp.labels import (
     FLIP_MAX_CLASSES,
+    VOTE_SHAPES,
     VOTE_UNITS,
     SentenceVote,
+    VoteShape,
     vote_epsilon,
     vote_log_probs,
     vote_plan,
@@ -61,12 +63,13 @@ def documents(mechanism: SentenceVote, k: int, rng: np.random.Generator) -> list
     return [*led, tied]
 
 
+@pytest.mark.parametrize("shape", VOTE_SHAPES)
 @pytest.mark.parametrize("epsilon", [0.1, 1.0, 3.0, 10.0, 100.0])
 @pytest.mark.parametrize("k", [1, 2, 7, 40])
 def test_replacing_any_sentence_moves_every_log_probability_by_at_most_epsilon(
-    epsilon: float, k: int
+    epsilon: float, k: int, shape: VoteShape
 ) -> None:
-    mechanism = vote(k)
+    mechanism = vote(k).shaped(shape)
     rng = np.random.default_rng(k)
     worst = 0.0
     for document in documents(mechanism, k, rng):
@@ -91,11 +94,12 @@ def assert_bound_nearly_reached(worst: float, epsilon: float, k: int) -> None:
         assert worst > 0.9 * min(epsilon - np.log(2), floor)
 
 
+@pytest.mark.parametrize("shape", VOTE_SHAPES)
 @pytest.mark.parametrize("classes", [2, 5, 13])  # numpy sums in another order from 8 on
 def test_a_vote_changes_by_at_most_the_units_and_depends_on_its_sentence_alone(
-    classes: int,
+    classes: int, shape: VoteShape
 ) -> None:
-    mechanism = vote(1, classes=classes)
+    mechanism = vote(1, classes=classes).shaped(shape)
     rng = np.random.default_rng(2)
     sentences = rng.normal(size=(130, D)) * 5
     votes = mechanism.votes(sentences)
@@ -106,11 +110,12 @@ def test_a_vote_changes_by_at_most_the_units_and_depends_on_its_sentence_alone(
     assert np.array_equal(mechanism.votes(sentences[::-1])[::-1], votes)
 
 
+@pytest.mark.parametrize("shape", VOTE_SHAPES)
 @pytest.mark.parametrize("epsilon", [0.5, 3.0, 50.0])
 def test_every_class_within_2_pow_minus_50_of_log_probs_and_above_the_floor(
-    epsilon: float,
+    epsilon: float, shape: VoteShape
 ) -> None:
-    mechanism = vote(3)
+    mechanism = vote(3).shaped(shape)
     document = np.random.default_rng(4).normal(size=(9, D)) * 4
     deviations = mechanism.deviations(document)
     plan = vote_plan(deviations, epsilon)
@@ -133,9 +138,10 @@ def permute_and_flip(tallies: np.ndarray, epsilon: float) -> list[Fraction]:
     return enumerated(keep)
 
 
+@pytest.mark.parametrize("shape", VOTE_SHAPES)
 @pytest.mark.parametrize("epsilon", [0.3, 1.0, 3.0, 20.0])
-def test_log_probs_are_permute_and_flip_over_tallies(epsilon: float) -> None:
-    mechanism = vote(5)
+def test_log_probs_are_permute_and_flip_over_tallies(epsilon: float, shape: VoteShape) -> None:
+    mechanism = vote(5).shaped(shape)
     document = np.random.default_rng(6).normal(size=(6, D)) * 4
     tallies = mechanism.votes(document).sum(axis=0)
     expected = [(1 - GAMMA) * float(p) + GAMMA / R for p in permute_and_flip(tallies, epsilon)]
@@ -498,3 +504,100 @@ def test_a_vote_with_damaged_weights_fails_closed_instead_of_voting_out_of_range
     huge = SentenceVote(mechanism.weights, mechanism.bias, finite_but_huge, mechanism.words)
     with pytest.raises(InternalError, match="not finite"):
         huge.votes(np.zeros((2, D)), ["w01 w02 w03", "w01"])
+
+
+def test_a_cube_vote_gives_the_likeliest_class_every_unit_and_the_rest_their_ratio() -> None:
+    """Cube votes as the module defines them, checked against the softmax itself: each row
+    is U for its likeliest class and floor(U p_c / p_max) elsewhere, never below the simplex
+    vote of the same sentence, and a function of its own sentence alone."""
+    simplex = vote(13, scale=0.5)
+    cube = simplex.shaped("cube")
+    rng = np.random.default_rng(14)
+    extreme = np.concatenate([rng.normal(size=(3, D)) * 1e6, np.zeros((1, D))])
+    assert np.array_equal(cube.votes(extreme).max(axis=1), np.full(4, VOTE_UNITS))
+    assert cube.votes(extreme).min() >= 0
+    sentences = rng.normal(size=(50, D))
+    logits = sentences @ simplex.weights.T + simplex.bias
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    ratio = probs / probs.max(axis=1, keepdims=True)
+    got = cube.votes(sentences)
+    assert np.array_equal(got.max(axis=1), np.full(50, VOTE_UNITS))
+    assert np.array_equal(got.argmax(axis=1), probs.argmax(axis=1))
+    assert np.abs(got - np.floor(VOTE_UNITS * ratio)).max() <= 1  # floor at a float boundary
+    assert (got >= simplex.votes(sentences)).all()
+    assert (got.sum(axis=1) > VOTE_UNITS).mean() > 0.5  # outside the simplex, as meant
+    for n in (1, 7):
+        assert np.array_equal(cube.votes(sentences[:n]), got[:n])
+
+
+def test_a_cube_vote_is_never_drawn_by_count() -> None:
+    """The sentence-count rule is proven for simplex votes: a cube vote refuses it, and
+    shaping a vote by count into the cube drops it (permute-and-flip at every length)."""
+    counted = vote(15).counted()
+    with pytest.raises(InputError, match="simplex votes only"):
+        SentenceVote(counted.weights, counted.bias, by_count=True, shape="cube")
+    with pytest.raises(InputError, match="shape"):
+        SentenceVote(counted.weights, counted.bias, shape="sphere")  # type: ignore[arg-type]
+    cube = counted.shaped("cube")
+    assert not cube.by_count
+    assert cube.shaped("simplex").same_as(vote(15))
+    assert not cube.same_as(vote(15))
+    document = pushes(cube, 1)[None, :] + np.random.default_rng(16).normal(size=(1, D))
+    flip = vote_log_probs(cube.deviations(document), 1.0)
+    assert np.array_equal(cube.log_probs(document, 1.0), flip)
+    assert not np.allclose(
+        counted.log_probs(document, 1.0), vote_log_probs(counted.deviations(document), 1.0)
+    )  # the simplex vote of one sentence is drawn by count, which differs
+
+
+def test_cube_draws_follow_their_exact_distribution_not_the_simplex_s() -> None:
+    """The sampler draws a cube vote's document from the cube's exact distribution
+    (chi-square, 100,000 draws); the same classifier's simplex distribution is rejected."""
+    simplex = vote(17, scale=0.4)
+    cube = simplex.shaped("cube")
+    document = np.random.default_rng(18).normal(size=(12, D))
+    plan = cube.plan_for(cube.deviations(document), 2.0, len(document))
+    drawn = draw_many(plan, draw_words(np.random.default_rng(19), 100_000))
+    observed = np.bincount(drawn, minlength=R)
+    expected = np.exp(cube.log_probs(document, 2.0))
+    assert chisquare(observed, expected * 100_000 / expected.sum()).pvalue > 1e-3
+    other = np.exp(simplex.log_probs(document, 2.0))
+    assert chisquare(observed, other * 100_000 / other.sum()).pvalue < 1e-6
+
+
+def test_a_bundle_with_a_cube_vote_round_trips_and_says_version_7(tmp_path: Path) -> None:
+    import json
+
+    from sentdp.bundle import BundleManifest
+    from tests.service.fakes import tiny_bundle
+
+    (tmp_path / "encoder").mkdir()
+    bundle = tiny_bundle(
+        encoder_dir=tmp_path / "encoder", vote=True, second_vote=True, by_count=True, cube=True
+    )
+    bundle.save(tmp_path / "saved")
+    loaded = Bundle.load(tmp_path / "saved")
+    assert [v.shape for v in loaded.votes] == ["simplex", "cube"]
+    assert [v.by_count for v in loaded.votes] == [True, False]
+    for got, want in zip(loaded.votes, bundle.votes, strict=True):
+        assert got.same_as(want)
+    assert loaded.vote_for(1.0).shape == "cube"
+    manifest = json.loads((tmp_path / "saved" / "manifest.json").read_text())
+    assert manifest["format_version"] == 7
+    assert manifest["vote_shapes"] == ["simplex", "cube"]
+    # an older reader would tally the cube vote as a softmax: version 6 is refused
+    with pytest.raises(ValueError, match="cube need bundle format version 7"):
+        BundleManifest.model_validate({**manifest, "format_version": 6})
+    with pytest.raises(ValueError, match="vote_shapes"):
+        BundleManifest.model_validate({**manifest, "vote_shapes": ["simplex", "sphere"]})
+    # a manifest whose shapes are not the votes' is refused, whichever way it errs
+    for shapes in (None, ["cube", "cube"], ["simplex"]):
+        wrong = BundleManifest.model_validate({**manifest, "vote_shapes": shapes})
+        with pytest.raises(InputError, match=r"vote shapes|vote_shapes"):
+            Bundle(wrong, loaded.variants, None, loaded.encoder_dir, loaded.votes)
+    (tmp_path / "saved" / "manifest.json").write_text(
+        json.dumps({**manifest, "vote_shapes": ["simplex"]})
+    )
+    with pytest.raises(InputError, match="1 vote shapes"):
+        Bundle.load(tmp_path / "saved")

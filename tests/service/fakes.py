@@ -42,13 +42,14 @@ def tiny_bundle(
     words: bool = False,
     by_count: bool = False,
     mean: bool = False,
+    cube: bool = False,
 ) -> Bundle:
     """Two variants; with ``vote``, a SentenceVote that /classify uses at epsilon 1 (below 5);
     with ``second_vote`` too, two votes, the p table running vote 1 at epsilon 1; with
     ``words``, the last vote also reads its sentences' words (:data:`WORDS`); with
     ``by_count``, the votes are drawn by the sentence-count rule (format version 5); with
     ``mean``, epsilon 5 draws its candidate by the clipped-mean rule at :data:`RADIUS`
-    (format version 6)."""
+    (format version 6); with ``cube``, the last vote votes in the cube (format version 7)."""
     if words and not vote:
         raise ValueError("a tiny bundle reads words only in a vote: pass vote=True too")
     rng = np.random.default_rng(seed)
@@ -77,9 +78,12 @@ def tiny_bundle(
         for record in records
     )
     manifest = BundleManifest(
-        format_version=6 if mean else 5 if by_count else 4 if words else 3 if second_vote else 1,
+        format_version=(
+            7 if cube else 6 if mean else 5 if by_count else 4 if words else 3 if second_vote else 1
+        ),
         vote_words=TOKENIZER if words else None,
         vote_by_count=by_count,
+        vote_shapes=(["simplex", "cube"] if second_vote else ["cube"]) if cube else None,
         name="sentdp-unit",
         recipe="mixed",
         created="2026-01-01T00:00:00+00:00",
@@ -118,6 +122,8 @@ def tiny_bundle(
         word_weights = rng.normal(size=(len(labels), len(WORDS))) * 3
         votes[-1] = SentenceVote(votes[-1].weights, votes[-1].bias, word_weights, vocabulary)
     votes = [v.counted(by_count) for v in votes]
+    if cube:
+        votes[-1] = votes[-1].shaped("cube")
     return Bundle(manifest, variants, None, encoder_dir, tuple(votes) if vote else ())
 
 

@@ -180,22 +180,26 @@ def test_classify_draws_the_vote_where_the_bundle_says_so_and_releases_the_label
 
 
 @pytest.mark.parametrize(
-    ("second_vote", "by_count"), [(False, False), (True, False), (False, True)]
+    ("second_vote", "by_count", "cube"),
+    [(False, False, False), (True, False, False), (False, True, False), (True, True, True)],
 )
 def test_the_vote_of_a_request_follows_its_exact_distribution(
-    ledger: SqlLedger, second_vote: bool, by_count: bool
+    ledger: SqlLedger, second_vote: bool, by_count: bool, cube: bool
 ) -> None:
     """With two votes, the one the p table names for the request's epsilon draws the label;
-    a vote by count draws a one-sentence document from the calibrated distribution."""
+    a vote by count draws a one-sentence document from the calibrated distribution; a cube
+    vote (beside a vote by count) from the cube's permute-and-flip."""
     from scipy.stats import chisquare
 
     from sentdp.labels import vote_log_probs
 
-    bundle = tiny_bundle(vote=True, second_vote=second_vote, by_count=by_count)
+    bundle = tiny_bundle(vote=True, second_vote=second_vote, by_count=by_count, cube=cube)
     worker = FakeWorker(bundle)
     flow = charging(ledger, worker, bundle=bundle)
     sentences = ["The team lost."] if by_count else ["Shares fell.", "The match was won."]
     sentences += [] if by_count else ["A new phone."]
+    if cube:  # sentences whose top class is far from sure: there the two shapes differ most
+        sentences = ["It was fine.", "The match was won.", "Markets rallied."]
     counts = dict.fromkeys(bundle.labels, 0)
     for n in range(1000 if by_count else 400):  # 4,000 draws tell the two apart
         documents = [{"sentences": sentences}] * 4
@@ -211,9 +215,12 @@ def test_the_vote_of_a_request_follows_its_exact_distribution(
     assert chisquare(observed, exact[used] * sum(observed)).pvalue > UNSEEDED_FIT
     if second_vote:  # the other vote's distribution is told apart: the test sees which ran
         assert chisquare(observed, exact[0] * sum(observed)).pvalue < 1e-6
-    if by_count:  # ... and so is permute-and-flip's
+    if by_count and not cube:  # ... and so is permute-and-flip's
         flip = np.exp(vote_log_probs(bundle.votes[0].deviations(embedded), 1.0))
         assert chisquare(observed, flip * sum(observed)).pvalue < 1e-6
+    if cube:  # ... and the same classifier's simplex votes
+        simplex = np.exp(bundle.votes[1].shaped("simplex").log_probs(embedded, 1.0))
+        assert chisquare(observed, simplex * sum(observed)).pvalue < 1e-6
 
 
 def test_a_zcdp_tenant_s_votes_are_drawn_with_bounded_range(ledger: SqlLedger) -> None:

@@ -24,6 +24,12 @@ def test_the_vote_rule_flag_chooses_the_sentence_count_rule_or_permute_and_flip(
     assert flip == TrainConfig(dataset="x", vote_by_count=False)
 
 
+def test_the_vote_shape_flag_lets_validation_pick_cube_votes_or_keeps_the_simplex() -> None:
+    assert config_from_args(parse_args(["--dataset", "x"])).vote_shapes == ("simplex", "cube")
+    simplex = config_from_args(parse_args(["--dataset", "x", "--vote-shape", "simplex"]))
+    assert simplex == TrainConfig(dataset="x", vote_shapes=("simplex",))
+
+
 def test_the_selection_flag_decides_whether_the_p_table_may_pick_the_mean_rule() -> None:
     def uses_mean(*flags: str) -> bool:
         return config_from_args(parse_args(["--dataset", "x", *flags])).uses_mean

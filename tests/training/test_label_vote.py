@@ -169,7 +169,9 @@ def test_votes_by_count_are_scored_as_the_service_draws_them() -> None:
     higher than permute-and-flip's on one-sentence documents, the same on long ones."""
     embeddings, y = corpus(4)
     train, validation = list(range(40)), list(range(40, 60))
-    result = train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0, by_count=True)
+    result = train_vote(
+        embeddings, y, train, validation, (1.0, 3.0), seed=0, by_count=True, shapes=("simplex",)
+    )
     assert all(fit.vote.by_count for fit in result.fits)
     assert not train_vote(embeddings, y, train, validation, (1.0,), seed=0).vote.by_count
     vote = result.vote
@@ -181,3 +183,41 @@ def test_votes_by_count_are_scored_as_the_service_draws_them() -> None:
     assert vote_macro_f1(vote, long, truth, 1.0) == vote_macro_f1(
         vote.counted(False), long, truth, 1.0
     )
+
+
+def test_every_fit_votes_in_both_shapes_each_scored_as_it_is_drawn(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Validation sees every (family, C, temperature) in the simplex (by count, when asked)
+    and in the cube (never by count), each scored by its own distribution; with the simplex
+    alone no cube vote is tried; an unknown shape is refused."""
+    embeddings, y = corpus(4, seed=3)
+    train, validation = list(range(40)), list(range(40, 60))
+    seen: list[label_vote_module.VoteFit] = []
+    choose = label_vote_module.choose_votes
+
+    def record(tried):  # type: ignore[no-untyped-def]
+        seen.extend(tried)
+        return choose(tried)
+
+    monkeypatch.setattr(label_vote_module, "choose_votes", record)
+    train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0, by_count=True)
+    keys = {(f.fitted_on, f.regularisation, f.temperature) for f in seen}
+    by_shape = {shape: [f for f in seen if f.vote.shape == shape] for shape in ("simplex", "cube")}
+    for shape, fits in by_shape.items():
+        assert {(f.fitted_on, f.regularisation, f.temperature) for f in fits} == keys
+        assert all(f.vote.by_count == (shape == "simplex") for f in fits)
+        assert all(f.describe()["shape"] == shape for f in fits)
+    documents = [embeddings.document(i) for i in validation]
+    truth = [int(y[i]) for i in validation]
+    for fit in by_shape["cube"][:: len(keys) // 3]:
+        assert fit.validation_macro_f1["1"] == vote_macro_f1(fit.vote, documents, truth, 1.0)
+    differs = [
+        c.validation_macro_f1 != s.validation_macro_f1
+        for c, s in zip(by_shape["cube"], by_shape["simplex"], strict=True)
+    ]
+    assert sum(differs) > len(keys) // 2  # the shapes are really different votes
+    seen.clear()
+    train_vote(embeddings, y, train, validation, (1.0,), seed=0, shapes=("simplex",))
+    assert seen
+    assert all(f.vote.shape == "simplex" for f in seen)
+    with pytest.raises(InputError, match="vote shapes"):
+        train_vote(embeddings, y, train, validation, (1.0,), seed=0, shapes=("sphere",))  # type: ignore[arg-type]

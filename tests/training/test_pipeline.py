@@ -123,7 +123,10 @@ def test_a_user_csv_trains_only_when_declared_public(tmp_path: Path) -> None:
         best = max(values[column] for scores in grid.values() for values in scores.values())
         assert choice.validation_macro_f1 == best
     means = [c for c in report.bundle.manifest.p_table if c.selection == "mean"]
-    assert report.bundle.manifest.format_version == (6 if means else 5)
+    cube = any(vote.shape == "cube" for vote in report.bundle.votes)
+    assert report.bundle.manifest.format_version == (7 if cube else 6 if means else 5)
+    shapes = report.bundle.manifest.vote_shapes
+    assert shapes == ([v.shape for v in report.bundle.votes] if cube else None)
 
 
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
