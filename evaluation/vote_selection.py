@@ -49,7 +49,8 @@ def split_documents(
 def compare(
     bundle: Bundle, epsilons: Sequence[float], short: bool = False
 ) -> list[tuple[str, float, float, float, float]]:
-    """``(split, epsilon, exponential, permute-and-flip, by count)`` expected macro-F1 rows;
+    """``(split, epsilon, exponential, permute-and-flip, by count)`` expected macro-F1 rows
+    (by count: as drawn, so permute-and-flip for a cube vote, which is never drawn by count);
     with ``short``, a "short" split too: the documents the loader dropped for having one
     sentence."""
     if not bundle.votes:
@@ -106,7 +107,10 @@ def main() -> None:
     for tag in args.tags:
         bundle = load_from_store(tag)
         print(f"\n{bundle.manifest.name} ({bundle.vote.classes if bundle.vote else 0} classes)")
-        print("| split | ε | exponential mechanism | permute-and-flip | by sentence count |")
+        print(
+            "| split | ε | exponential mechanism | permute-and-flip "
+            "| by sentence count (a cube vote: as drawn, permute-and-flip) |"
+        )
         print("|---|---|---|---|---|")
         rows = compare(bundle, DEFAULT_EPSILONS, short=args.short)
         for split, epsilon, exponential, flip, count in rows:

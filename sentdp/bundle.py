@@ -173,7 +173,9 @@ class VariantRecord(BaseModel):
 class BundleManifest(BaseModel):
     """Versioned description of a bundle; see the module docstring for the promise it keeps."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    """Unknown fields are refused, not dropped: a field this reader does not know changes
+    what the bundle serves (a version number stamped too low must not hide it)."""
 
     format: Literal["sentdp-bundle"] = "sentdp-bundle"
     format_version: int = 1

@@ -46,11 +46,18 @@ def pushes(mechanism: SentenceVote, cls: int, strength: float = 50.0) -> np.ndar
     return strength * direction / np.linalg.norm(direction)
 
 
+def flat(mechanism: SentenceVote) -> np.ndarray:
+    """A sentence whose logits are all equal: a cube vote gives every class all U units."""
+    w, b = mechanism.weights, mechanism.bias
+    x: np.ndarray = np.linalg.lstsq(w - w.mean(axis=0), b.mean() - b, rcond=None)[0]
+    return x
+
+
 def neighbours(mechanism: SentenceVote, rng: np.random.Generator) -> list[np.ndarray]:
-    """Replacements for one sentence: adversarial for every class, far, zero, random."""
+    """Replacements for one sentence: adversarial for every class, far, zero, random, flat."""
     out = [pushes(mechanism, c) for c in range(R)]
     out += [pushes(mechanism, c, 1e6) for c in range(R)]
-    out += [np.zeros(D), rng.normal(size=D) * 1e3, rng.normal(size=D)]
+    out += [np.zeros(D), rng.normal(size=D) * 1e3, rng.normal(size=D), flat(mechanism)]
     return out
 
 
@@ -72,15 +79,17 @@ def test_replacing_any_sentence_moves_every_log_probability_by_at_most_epsilon(
     mechanism = vote(k).shaped(shape)
     rng = np.random.default_rng(k)
     worst = 0.0
-    for document in documents(mechanism, k, rng):
-        base = mechanism.log_probs(document, epsilon)
-        for j in {0, k - 1}:
-            for replacement in neighbours(mechanism, rng):
-                changed = document.copy()
-                changed[j] = replacement
-                shift = np.max(np.abs(mechanism.log_probs(changed, epsilon) - base))
-                assert shift <= epsilon + 1e-9
-                worst = max(worst, float(shift))
+    for bounded in (False, True):  # the vote's own rule, and the zCDP tenants' draw
+        for document in documents(mechanism, k, rng):
+            base = mechanism.log_probs(document, epsilon, bounded_range=bounded)
+            for j in {0, k - 1}:
+                for replacement in neighbours(mechanism, rng):
+                    changed = document.copy()
+                    changed[j] = replacement
+                    moved = mechanism.log_probs(changed, epsilon, bounded_range=bounded)
+                    shift = np.max(np.abs(moved - base))
+                    assert shift <= epsilon + 1e-9
+                    worst = max(worst, float(shift))
     assert_bound_nearly_reached(worst, epsilon, k)
 
 
@@ -283,11 +292,12 @@ def tiny_bundle_two_votes(tmp_path: Path) -> Bundle:
     return tiny_bundle(encoder_dir=tmp_path, vote=True, second_vote=True)
 
 
-def test_above_the_flip_limit_the_vote_is_the_exponential_mechanism() -> None:
+@pytest.mark.parametrize("shape", VOTE_SHAPES)
+def test_above_the_flip_limit_the_vote_is_the_exponential_mechanism(shape: VoteShape) -> None:
     classes = FLIP_MAX_CLASSES + 8
     assert vote_selection(FLIP_MAX_CLASSES) == "permute-and-flip"
     assert vote_selection(classes) == "exponential"
-    mechanism = vote(11, classes=classes)
+    mechanism = vote(11, classes=classes).shaped(shape)
     document = np.random.default_rng(12).normal(size=(6, D)) * 4
     tallies = mechanism.votes(document).sum(axis=0)
     assert vote_epsilon(2.0, classes) == 2.0 - privacy_slack(classes)
@@ -329,12 +339,13 @@ def word_pushes(mechanism: SentenceVote, cls: int, repeat: int = 1) -> str:
     return " ".join(best * repeat)
 
 
+@pytest.mark.parametrize("shape", VOTE_SHAPES)
 @pytest.mark.parametrize("epsilon", [0.1, 1.0, 3.0, 10.0])
 @pytest.mark.parametrize("k", [1, 2, 7])
 def test_a_vote_that_reads_words_moves_no_log_probability_by_more_than_epsilon(
-    epsilon: float, k: int
+    epsilon: float, k: int, shape: VoteShape
 ) -> None:
-    mechanism = word_vote(k)
+    mechanism = word_vote(k).shaped(shape)
     rng = np.random.default_rng(k)
     noise = rng.normal(size=(k, D)) * 0.1
     docs = [
@@ -495,13 +506,18 @@ def test_a_damaged_vocabulary_is_refused_by_name(
     assert "label_" in str(refused.value)  # the message names the file
 
 
-def test_a_vote_with_damaged_weights_fails_closed_instead_of_voting_out_of_range() -> None:
+@pytest.mark.parametrize("shape", VOTE_SHAPES)
+def test_a_vote_with_damaged_weights_fails_closed_instead_of_voting_out_of_range(
+    shape: VoteShape,
+) -> None:
     from sentdp.errors import InternalError
 
     mechanism = word_vote(2)
     assert mechanism.word_weights is not None
     finite_but_huge = np.full_like(mechanism.word_weights, 1.7e308)  # sums overflow
-    huge = SentenceVote(mechanism.weights, mechanism.bias, finite_but_huge, mechanism.words)
+    huge = SentenceVote(
+        mechanism.weights, mechanism.bias, finite_but_huge, mechanism.words, shape=shape
+    )
     with pytest.raises(InternalError, match="not finite"):
         huge.votes(np.zeros((2, D)), ["w01 w02 w03", "w01"])
 
@@ -517,14 +533,12 @@ def test_a_cube_vote_gives_the_likeliest_class_every_unit_and_the_rest_their_rat
     assert np.array_equal(cube.votes(extreme).max(axis=1), np.full(4, VOTE_UNITS))
     assert cube.votes(extreme).min() >= 0
     sentences = rng.normal(size=(50, D))
-    logits = sentences @ simplex.weights.T + simplex.bias
+    logits = cube.logits(sentences)
     probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-    probs /= probs.sum(axis=1, keepdims=True)
-    ratio = probs / probs.max(axis=1, keepdims=True)
     got = cube.votes(sentences)
     assert np.array_equal(got.max(axis=1), np.full(50, VOTE_UNITS))
     assert np.array_equal(got.argmax(axis=1), probs.argmax(axis=1))
-    assert np.abs(got - np.floor(VOTE_UNITS * ratio)).max() <= 1  # floor at a float boundary
+    assert np.array_equal(got, np.floor(VOTE_UNITS * probs))  # U p_c / p_max, floored
     assert (got >= simplex.votes(sentences)).all()
     assert (got.sum(axis=1) > VOTE_UNITS).mean() > 0.5  # outside the simplex, as meant
     for n in (1, 7):
@@ -591,6 +605,8 @@ def test_a_bundle_with_a_cube_vote_round_trips_and_says_version_7(tmp_path: Path
         BundleManifest.model_validate({**manifest, "format_version": 6})
     with pytest.raises(ValueError, match="vote_shapes"):
         BundleManifest.model_validate({**manifest, "vote_shapes": ["simplex", "sphere"]})
+    with pytest.raises(ValueError, match="vote_colour"):  # unknown fields are not dropped
+        BundleManifest.model_validate({**manifest, "vote_colour": "blue"})
     # a manifest whose shapes are not the votes' is refused, whichever way it errs
     for shapes in (None, ["cube", "cube"], ["simplex"]):
         wrong = BundleManifest.model_validate({**manifest, "vote_shapes": shapes})
@@ -601,3 +617,15 @@ def test_a_bundle_with_a_cube_vote_round_trips_and_says_version_7(tmp_path: Path
     )
     with pytest.raises(InputError, match="1 vote shapes"):
         Bundle.load(tmp_path / "saved")
+
+
+def test_the_format_version_is_7_exactly_when_a_vote_is_in_the_cube() -> None:
+    from tests.service.fakes import tiny_bundle
+    from training.pipeline import bundle_format_version
+
+    bundle = tiny_bundle(vote=True, second_vote=True, by_count=True)
+    table = bundle.manifest.p_table
+    assert bundle_format_version(bundle.variants, table, bundle.votes) == 5
+    cube = (bundle.votes[0], bundle.votes[1].shaped("cube"))
+    assert bundle_format_version(bundle.variants, table, cube) == 7
+    assert bundle_format_version(bundle.variants, table, [v.shaped("cube") for v in cube]) == 7
