@@ -402,3 +402,47 @@ def exponential_vote_log_probs(deviations: npt.ArrayLike, epsilon: float) -> Flo
     dev = np.asarray(deviations, dtype=np.int64)
     rate = _exponential_rate(epsilon, dev.shape[0])
     return floored_log_probs(np.asarray(-rate * dev / 4.0, dtype=np.float64))
+
+
+def vote_probabilities(
+    deviations: npt.ArrayLike, epsilon: float, sentences: Sequence[int] | None = None
+) -> FloatArray:
+    """(N, r) probabilities of the vote for N documents' (N, r) deviations at ``epsilon``,
+    in floats: ``exp(vote_log_probs(...))`` of each row to within about 1e-12, for scoring
+    many documents at once (training's validation). With ``sentences`` (each document's
+    count, for a vote made ``by_count``), the count-calibrated rule where it applies. The
+    sampler never uses these: its thresholds come from the exact plan (:func:`vote_plan`).
+
+    Permute-and-flip's ``P(c) = a_c * integral_0^1 prod_{j != c} (1 - a_j x) dx`` is a
+    polynomial of degree r - 1, integrated exactly by Gauss-Legendre with r // 2 + 1 nodes;
+    every factor is positive at the nodes, so the sum has no cancellation.
+    """
+    dev = np.asarray(deviations, dtype=np.float64)
+    if dev.ndim != 2 or dev.shape[1] < 2 or (dev < 0).any():
+        raise InputError(f"deviations must be an (N, r >= 2) array >= 0, got shape {dev.shape}")
+    n, r = dev.shape
+    if sentences is not None and len(sentences) != n:
+        raise InputError(f"got {n} documents' deviations but {len(sentences)} sentence counts")
+    probs = np.empty((n, r))
+    calibrated = np.zeros(n, dtype=bool)
+    for i, count in enumerate(sentences if sentences is not None else ()):
+        z = _count_calibrated(epsilon, r, int(count))
+        if z is not None:
+            probs[i] = np.exp(floored_log_probs(-z * dev[i] / VOTE_UNITS))
+            calibrated[i] = True
+    rest = dev[~calibrated]
+    run_at = vote_epsilon(epsilon, r)
+    if vote_selection(r) == "exponential":
+        scores = -run_at * rest / (2.0 * VOTE_UNITS)
+        mechanism = np.exp(scores - scores.max(axis=1, keepdims=True))
+        mechanism /= mechanism.sum(axis=1, keepdims=True)
+    else:
+        nodes, weights = np.polynomial.legendre.leggauss(r // 2 + 1)
+        x, w = (nodes + 1.0) / 2.0, weights / 2.0
+        behind = rest - rest.min(axis=1, keepdims=True)  # the leader's a is 1, as exactly
+        a = np.exp(-run_at * behind / (2.0 * VOTE_UNITS))
+        factors = 1.0 - a[:, :, None] * x[None, None, :]
+        others = factors.prod(axis=1, keepdims=True) / factors
+        mechanism = a * (others @ w)
+    probs[~calibrated] = (1.0 - GAMMA) * mechanism + GAMMA / r
+    return probs

@@ -22,6 +22,7 @@ from sentdp.labels import (
     vote_epsilon,
     vote_log_probs,
     vote_plan,
+    vote_probabilities,
     vote_selection,
 )
 from sentdp.mechanism import privacy_slack
@@ -629,3 +630,34 @@ def test_the_format_version_is_7_exactly_when_a_vote_is_in_the_cube() -> None:
     cube = (bundle.votes[0], bundle.votes[1].shaped("cube"))
     assert bundle_format_version(bundle.variants, table, cube) == 7
     assert bundle_format_version(bundle.variants, table, [v.shaped("cube") for v in cube]) == 7
+
+
+@pytest.mark.parametrize("classes", [2, 5, 13, FLIP_MAX_CLASSES, FLIP_MAX_CLASSES + 8])
+def test_float_vote_probabilities_equal_the_exact_distribution(classes: int) -> None:
+    """Training scores many documents at once in floats: each row equals the exact
+    distribution (permute-and-flip's rational masses, the exponential mechanism above the
+    flip limit, the count rule for short documents) to 1e-12, ties and far-behind classes
+    included, and the leader need not be at deviation 0 in the input."""
+    rng = np.random.default_rng(classes)
+    deviations = rng.integers(0, 6 * VOTE_UNITS, size=(40, classes))
+    deviations -= deviations.min(axis=1, keepdims=True)
+    deviations[:4] = 0  # every class tied
+    deviations[4:8, 1:] = 10**6  # one leader, the rest hopeless
+    deviations[8:12] += 7  # a shifted row: the same distribution
+    counts = [int(n) for n in rng.integers(1, 9, size=40)]
+    for epsilon in (0.1, 1.0, 3.0, 50.0):
+        for by_count in (False, True):
+            fast = vote_probabilities(deviations, epsilon, counts if by_count else None)
+            exact = np.stack(
+                [
+                    np.exp(vote_log_probs(d, epsilon, n if by_count else None))
+                    for d, n in zip(deviations, counts, strict=True)
+                ]
+            )
+            np.testing.assert_allclose(fast, exact, rtol=0, atol=1e-12)
+    with pytest.raises(InputError):
+        vote_probabilities(np.zeros((3, 1)), 1.0)
+    with pytest.raises(InputError):
+        vote_probabilities(-np.ones((3, 4)), 1.0)
+    with pytest.raises(InputError):
+        vote_probabilities(np.zeros((3, 4)), 1.0, [1, 2])
