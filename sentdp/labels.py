@@ -201,7 +201,12 @@ class SentenceVote:
         """(k, r) integer votes in [0, VOTE_UNITS], each row a function of its sentence alone
         (its embedding and, for a vote that reads words, its text): in the simplex or the
         cube, by :attr:`shape`."""
-        logits = self.logits(sentences, texts)
+        return self.votes_from_logits(self.logits(sentences, texts))
+
+    def votes_from_logits(self, logits: FloatArray) -> IntArray:
+        """:meth:`votes` from this vote's own :meth:`logits` (callers that reuse them across
+        shapes: the logits do not depend on the shape or the rule)."""
+        logits = np.array(logits, dtype=np.float64)
         if not np.isfinite(logits).all():  # only out-of-range weights get here: fail closed
             raise InternalError("a vote's logits are not finite; the vote's weights are damaged")
         logits -= logits.max(axis=1, keepdims=True)

@@ -47,7 +47,13 @@ import numpy.typing as npt
 
 from sentdp.bundle import PChoice
 from sentdp.errors import InputError, InternalError
-from sentdp.labels import VOTE_SHAPES, SentenceVote, VoteShape, vote_probabilities
+from sentdp.labels import (
+    VOTE_SHAPES,
+    SentenceVote,
+    VoteShape,
+    tally_deviations,
+    vote_probabilities,
+)
 from sentdp.words import fit_word_features
 from training.embeddings import CorpusEmbeddings
 from training.p_selection import soft_macro_f1
@@ -157,18 +163,28 @@ def vote_scores(
     """:func:`vote_macro_f1` at every epsilon, the documents' votes counted once; ``texts``
     are the documents' sentences (needed by a vote that reads words)."""
     per_document = texts if texts is not None else [None] * len(documents)
-    deviations = np.stack(
-        [
-            vote.deviations(document, text)
-            for document, text in zip(documents, per_document, strict=True)
-        ]
-    )
-    counts = [len(document) for document in documents] if vote.by_count else None
+    deviations = [
+        vote.deviations(document, text)
+        for document, text in zip(documents, per_document, strict=True)
+    ]
+    counts = [len(document) for document in documents]
+    return deviation_scores(vote, deviations, counts, truth, epsilons)
+
+
+def deviation_scores(
+    vote: SentenceVote,
+    deviations: Sequence[npt.NDArray[np.int64]],
+    counts: Sequence[int],
+    truth: Sequence[int],
+    epsilons: Sequence[float],
+) -> dict[str, float]:
+    """:func:`vote_scores` from the documents' known deviations and sentence counts."""
     rows = np.asarray(truth, dtype=np.int64)
+    counted = counts if vote.by_count else None
     scores = {}
     for epsilon in epsilons:
         confusion = np.zeros((vote.classes, vote.classes))
-        np.add.at(confusion, rows, vote_probabilities(deviations, epsilon, counts))
+        np.add.at(confusion, rows, vote_probabilities(np.stack(deviations), epsilon, counted))
         scores[f"{epsilon:g}"] = soft_macro_f1(confusion)
     return scores
 
@@ -239,11 +255,21 @@ def train_vote(
                 )
                 base.append((f"{family}+words", c, strength, combined))
     tried: list[VoteFit] = []
+    per_document: Sequence[Sequence[str] | None] = (
+        validation_texts if validation_texts is not None else [None] * len(documents)
+    )
+    counts = [len(document) for document in documents]
     for family, strength, word_strength, fitted in base:
         for temperature in TEMPERATURES:
+            scaled = fitted.scaled(temperature).counted(by_count)
+            logits = [  # computed once for both shapes: the shape does not change them
+                scaled.logits(document, text)
+                for document, text in zip(documents, per_document, strict=True)
+            ]
             for shape in shapes:
-                vote = fitted.scaled(temperature).counted(by_count).shaped(shape)
-                scores = vote_scores(vote, documents, truth, epsilons, validation_texts)
+                vote = scaled.shaped(shape)
+                deviations = [tally_deviations(vote.votes_from_logits(x)) for x in logits]
+                scores = deviation_scores(vote, deviations, counts, truth, epsilons)
                 tried.append(VoteFit(vote, strength, scores, temperature, family, word_strength))
     return choose_votes(tried)
 
