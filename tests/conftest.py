@@ -38,20 +38,23 @@ def bentoml_home() -> Path:
 
 @pytest.fixture(scope="session")
 def quick_bundle_tag() -> str:
-    """A --quick bundle trained on a small real slice of BBC News, in the test model store."""
+    """A --quick bundle trained on a small real slice of BBC News, in the test model store.
+    Its votes are simplex votes drawn by count (``--vote-shape simplex``), so the served-path
+    tests of the count rule and of the zCDP draw meet that rule whatever validation would
+    pick on the slice; cube votes are tested in tests/sentdp/test_labels.py, through the
+    charging flow in tests/service/test_charging.py, and trained in test_pipeline.py."""
     from training.pipeline import TrainConfig, run_training
     from training.settings import load_settings
 
-    report = run_training(
-        TrainConfig(dataset="bbc-news", name="sentdp-test").quick(), load_settings()
-    )
+    config = TrainConfig(dataset="bbc-news", name="sentdp-test", vote_shapes=("simplex",))
+    report = run_training(config.quick(), load_settings())
     return report.tag
 
 
 @pytest.fixture(scope="session")
 def mean_bundle_tag(quick_bundle_tag: str) -> str:
     """The quick bundle with its top epsilon drawn by the clipped-mean rule (format version
-    6) at the median norm of that variant's candidates: real G, H and F, a p table made by
+    6 or later) at the median norm of that variant's candidates: real G, H and F, a p table made by
     hand so the service's mean path runs whatever validation would pick."""
     import numpy as np
 
@@ -61,8 +64,9 @@ def mean_bundle_tag(quick_bundle_tag: str) -> str:
     top = bundle.manifest.p_table[-1]
     norms = np.linalg.norm(bundle.variant(top.variant).candidates, axis=1)
     mean = top.model_copy(update={"selection": "mean", "p": 1, "radius": float(np.median(norms))})
+    version = max(6, bundle.manifest.format_version)  # 7 where the quick bundle's vote is a cube
     manifest = bundle.manifest.model_copy(
-        update={"format_version": 6, "p_table": [*bundle.manifest.p_table[:-1], mean]}
+        update={"format_version": version, "p_table": [*bundle.manifest.p_table[:-1], mean]}
     )
     derived = dataclasses.replace(bundle, manifest=manifest)
     return save_to_store(derived, "sentdp-test-mean", {"derived_from": quick_bundle_tag})
