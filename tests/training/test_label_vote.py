@@ -200,6 +200,10 @@ def test_every_fit_votes_in_both_shapes_each_scored_as_it_is_drawn(monkeypatch) 
 
     monkeypatch.setattr(label_vote_module, "choose_votes", record)
     train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0, by_count=True)
+    calibrated = [f for f in seen if f.calibrated_at is not None]
+    assert sorted(f.calibrated_at for f in calibrated) == [1.0, 3.0]
+    assert all(f.vote.shape == "cube" and not f.vote.by_count for f in calibrated)
+    seen[:] = [f for f in seen if f.calibrated_at is None]
     keys = {(f.fitted_on, f.regularisation, f.temperature) for f in seen}
     by_shape = {shape: [f for f in seen if f.vote.shape == shape] for shape in ("simplex", "cube")}
     for shape, fits in by_shape.items():
@@ -218,6 +222,6 @@ def test_every_fit_votes_in_both_shapes_each_scored_as_it_is_drawn(monkeypatch) 
     seen.clear()
     train_vote(embeddings, y, train, validation, (1.0,), seed=0, shapes=("simplex",))
     assert seen
-    assert all(f.vote.shape == "simplex" for f in seen)
+    assert all(f.vote.shape == "simplex" and f.calibrated_at is None for f in seen)
     with pytest.raises(InputError, match="vote shapes"):
         train_vote(embeddings, y, train, validation, (1.0,), seed=0, shapes=("sphere",))  # type: ignore[arg-type]
