@@ -285,7 +285,10 @@ def _calibrated(
     """Per grid epsilon, the cube fit best on validation there, calibrated through the
     mechanism at that epsilon (:mod:`training.vote_calibration`), as ``(fit, vote)``: the fit
     describes it (its scores are the uncalibrated fit's until the caller scores the vote).
-    A family's out-of-fold logits are computed once however many epsilons start from it."""
+    A family's out-of-fold logits are computed once however many epsilons start from it.
+    None where a class has fewer than two training documents."""
+    if min(np.bincount(families.y[list(train)])) < 2:
+        return []  # a class with one training document would be missing from a fold's fit
     cube = [fit for fit in tried if fit.vote.shape == "cube"]
     folds = {}
     made = []

@@ -306,7 +306,8 @@ def build_bundle(
         console.print(
             f"SentenceVote {index}: fitted on {fit.fitted_on}, {strength}, "
             f"temperature {fit.temperature:g}, {fit.vote.shape} votes, "
-            f"runs at ε={'/'.join(runs_at) or '-'}; "
+            + ("" if fit.calibrated_at is None else f"calibrated at ε={fit.calibrated_at:g}, ")
+            + f"runs at ε={'/'.join(runs_at) or '-'}; "
             "expected validation macro-F1 "
             + ", ".join(f"ε={e} {f:.3f}" for e, f in fit.validation_macro_f1.items())
         )

@@ -69,9 +69,12 @@ def out_of_fold_logits(
     texts: Sequence[Sequence[str]] | None = None,
 ) -> FoldLogits:
     """``fit_on(documents)`` refitted on all folds but one, for each of :data:`FOLDS` seeded
-    folds of ``train``; each document's logits from the fit that left its fold out."""
+    folds of ``train``; each document's logits from the fit that left its fold out. The folds
+    are stratified (each class's documents dealt round the folds in a seeded order), so every
+    fit sees every class that has two training documents or more."""
     order = np.random.default_rng(seed).permutation(np.asarray(train, dtype=np.int64))
-    folds = np.array_split(order, FOLDS)
+    order = order[np.argsort(np.asarray(y)[order], kind="stable")]
+    folds = [order[k::FOLDS] for k in range(FOLDS)]
     logits: dict[int, FloatArray] = {}
     for k, fold in enumerate(folds):
         vote = fit_on(sorted(int(i) for j, f in enumerate(folds) if j != k for i in f))

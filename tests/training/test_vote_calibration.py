@@ -11,6 +11,7 @@ import torch
 
 import training.label_vote as label_vote_module
 from sentdp.labels import VOTE_UNITS, SentenceVote, vote_probabilities
+from sentdp.words import fit_word_features
 from training.embeddings import CorpusEmbeddings
 from training.label_vote import train_vote, vote_macro_f1
 from training.vote_calibration import (
@@ -74,10 +75,40 @@ def test_every_training_document_gets_logits_from_a_fit_that_did_not_see_it() ->
     assert list(fold.truth) == [int(y[i]) for i in train]
     assert len(fold.logits) == sum(len(embeddings.document(i)) for i in train)
     for index, document in enumerate(train):
+        assert sum(document not in s for s in seen) == 1  # left out by exactly one fit
         rows = fold.logits[fold.segments == index]
         fit = next(k for k, s in enumerate(seen, start=1) if document not in s)
         expected = embeddings.document(document).astype(np.float64) @ vote.weights.T * fit
         np.testing.assert_allclose(rows, expected, rtol=1e-12)
+
+
+def test_folds_are_stratified_so_every_fit_sees_every_class_with_two_documents() -> None:
+    embeddings, y, vote = uneven_corpus()
+    train = [0, 3, *range(1, 120, 3), *range(2, 120, 3)]  # class 0: documents 0 and 3 only
+    seen: list[set[int]] = []
+
+    def fit_on(documents: Sequence[int]) -> SentenceVote:
+        seen.append(set(documents))
+        return vote
+
+    out_of_fold_logits(fit_on, embeddings, y, train, seed=5)
+    assert all({int(y[i]) for i in documents} == {0, 1, 2} for documents in seen)
+
+
+def test_a_class_with_one_training_document_trains_without_calibration(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    embeddings, y, _ = uneven_corpus()
+    train = [0, *range(1, 100, 3), *range(2, 100, 3)]
+    seen: list[label_vote_module.VoteFit] = []
+    choose = label_vote_module.choose_votes
+
+    def record(tried):  # type: ignore[no-untyped-def]
+        seen.extend(tried)
+        return choose(tried)
+
+    monkeypatch.setattr(label_vote_module, "choose_votes", record)
+    train_vote(embeddings, y, train, list(range(100, 120)), (1.0,), seed=0)
+    assert seen
+    assert all(f.calibrated_at is None for f in seen)
 
 
 def test_the_torch_selection_is_the_served_vote_distribution() -> None:
@@ -108,16 +139,26 @@ def test_calibration_raises_what_validation_scores_on_its_own_logits() -> None:
 
 def test_a_calibrated_vote_is_its_fit_scaled_and_shifted_per_class_in_the_cube() -> None:
     rng = np.random.default_rng(2)
-    words_vote = SentenceVote(np.zeros((3, 4)), np.zeros(3))
-    base = SentenceVote(rng.normal(size=(3, 4)), rng.normal(size=3), shape="simplex")
+    texts = ["red shoes fit", "blue shoes", "red dress fits well", "a dress", "shoes", "red"] * 2
+    words = fit_word_features(texts)
+    base = SentenceVote(
+        rng.normal(size=(3, 4)),
+        rng.normal(size=3),
+        rng.normal(size=(3, words.size)),
+        words,
+        shape="simplex",
+    )
     scale, offset = np.array([0.5, 2.0, 1.0]), np.array([0.0, -1.0, 3.0])
     vote = calibrated(base, scale, offset)
-    assert vote.shape == "cube" and not vote.by_count and vote.words is None
-    x = rng.normal(size=(7, 4))
-    np.testing.assert_allclose(vote.logits(x), base.logits(x) * scale + offset, rtol=1e-12)
+    assert vote.shape == "cube"
+    assert not vote.by_count
+    assert vote.words is words
+    x = rng.normal(size=(len(texts), 4))
+    np.testing.assert_allclose(
+        vote.logits(x, texts), base.logits(x, texts) * scale + offset, rtol=1e-12
+    )
     # each sentence's vote is still a function of that sentence alone
-    np.testing.assert_array_equal(vote.votes(x)[3], vote.votes(x[3:4])[0])
-    assert calibrated(words_vote, scale, offset).weights.shape == (3, 4)
+    np.testing.assert_array_equal(vote.votes(x, texts)[3], vote.votes(x[3:4], texts[3:4])[0])
 
 
 def test_training_scores_each_calibrated_vote_as_it_is_drawn(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -151,6 +192,13 @@ def test_training_scores_each_calibrated_vote_as_it_is_drawn(monkeypatch) -> Non
         )
         assert fit.describe()["calibrated_at"] == fit.calibrated_at
         assert not fit.vote.same_as(start.vote)
+        # the calibration of that fit's own out-of-fold logits, at this epsilon
+        families = label_vote_module._Families(embeddings, y, 0, None, train)
+        family = (start.fitted_on, start.regularisation, start.word_regularisation)
+        fold = out_of_fold_logits(families.fitter(*family), embeddings, y, train, 0)
+        scale, offset = calibrate(fold, start.temperature, fit.calibrated_at)  # type: ignore[arg-type]
+        unscaled = families.fitter(*family)(train)
+        assert fit.vote.same_as(calibrated(unscaled, scale, offset))
         for epsilon in (1.0, 3.0):
             expected = vote_macro_f1(fit.vote, documents, truth, epsilon)
             assert fit.validation_macro_f1[f"{epsilon:g}"] == pytest.approx(expected, abs=0)
