@@ -1,0 +1,97 @@
+"""How far any vote could take a corpus's private label: the expected macro-F1 of the
+vote's selection if every sentence of a document gave all its units to one class.
+
+Two such unanimous votes are scored, per split and grid epsilon (permute-and-flip, exact
+probabilities, the floor included, as the service draws a cube vote):
+
+- **true class**: each sentence votes for its document's true class, the most any vote can
+  do (a document of n sentences leads by n);
+- **non-private label**: each sentence votes for the label the bundle's non-private
+  classifier (C_nonpriv, on the document's mean embedding) gives its document, what a vote
+  gets whose sentences all agree with the best non-private reading of their document.
+
+Where the second is below a target, no vote whose sentences are at best as right as the
+non-private classifier reaches it: the per-sentence classifier is not the limit there, the
+documents' length and the selection's privacy are.
+
+Run: ``.venv/bin/python -m evaluation.vote_ceiling TAG [TAG ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from evaluation.experiment import embedded_corpus
+from evaluation.vote_selection import split_documents
+from sentdp.bundle import Bundle
+from sentdp.labels import VOTE_UNITS, vote_probabilities
+from training.p_selection import DEFAULT_EPSILONS, soft_macro_f1
+from training.settings import load_settings
+from training.store import load_from_store
+
+
+def unanimous_macro_f1(
+    voted: Sequence[int], counts: Sequence[int], truth: Sequence[int], classes: int, epsilon: float
+) -> float:
+    """Expected macro-F1 of permute-and-flip at ``epsilon`` when each document's sentences
+    all give their ``VOTE_UNITS`` to class ``voted[i]`` (so every other class is
+    ``counts[i] * VOTE_UNITS`` behind)."""
+    deviations = np.full((len(voted), classes), 0, dtype=np.int64)
+    deviations += np.asarray(counts, dtype=np.int64)[:, None] * VOTE_UNITS
+    deviations[np.arange(len(voted)), np.asarray(voted)] = 0
+    confusion = np.zeros((classes, classes))
+    np.add.at(confusion, np.asarray(truth), vote_probabilities(deviations, epsilon))
+    return soft_macro_f1(confusion)
+
+
+def ceilings(
+    bundle: Bundle, epsilons: Sequence[float]
+) -> list[tuple[str, float, float, float, float]]:
+    """``(split, epsilon, true class, non-private label, non-private macro-F1)`` rows for the
+    validation and test splits."""
+    if bundle.classifier_nonpriv is None:
+        raise ValueError(f"{bundle.manifest.name} has no non-private classifier")
+    corpus, splits, _, embeddings = embedded_corpus(bundle, load_settings())
+    classes = len(corpus.labels)
+    rows = []
+    for split in ("validation", "test"):
+        texts, _, truth = split_documents(corpus, splits, embeddings, split)
+        documents = list(getattr(splits, split))
+        predicted: npt.NDArray[np.int64] = np.argmax(
+            bundle.classifier_nonpriv(embeddings.means(documents)), axis=1
+        )
+        confusion = np.zeros((classes, classes))
+        np.add.at(confusion, (np.asarray(truth), predicted), 1.0)
+        counts = [len(sentences) for sentences in texts]
+        for epsilon in epsilons:
+            rows.append(
+                (
+                    split,
+                    epsilon,
+                    unanimous_macro_f1(truth, counts, truth, classes, epsilon),
+                    unanimous_macro_f1(list(predicted), counts, truth, classes, epsilon),
+                    soft_macro_f1(confusion),
+                )
+            )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m evaluation.vote_ceiling")
+    parser.add_argument("tags", nargs="+", metavar="TAG", help="bundles in the model store")
+    args = parser.parse_args()
+    for tag in args.tags:
+        bundle = load_from_store(tag)
+        print(f"\n{bundle.manifest.name}")
+        print("| split | ε | true class | non-private label | non-private classifier |")
+        print("|---|---|---|---|---|")
+        for split, epsilon, true, agreed, nonprivate in ceilings(bundle, DEFAULT_EPSILONS):
+            print(f"| {split} | {epsilon:g} | {true:.3f} | {agreed:.3f} | {nonprivate:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
