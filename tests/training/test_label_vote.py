@@ -185,20 +185,15 @@ def test_votes_by_count_are_scored_as_the_service_draws_them() -> None:
     )
 
 
-def test_every_fit_votes_in_both_shapes_each_scored_as_it_is_drawn(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_every_fit_votes_in_both_shapes_each_scored_as_it_is_drawn(
+    tried_fits: list[label_vote_module.VoteFit],
+) -> None:
     """Validation sees every (family, C, temperature) in the simplex (by count, when asked)
     and in the cube (never by count), each scored by its own distribution; with the simplex
     alone no cube vote is tried; an unknown shape is refused."""
     embeddings, y = corpus(4, seed=3)
     train, validation = list(range(40)), list(range(40, 60))
-    seen: list[label_vote_module.VoteFit] = []
-    choose = label_vote_module.choose_votes
-
-    def record(tried):  # type: ignore[no-untyped-def]
-        seen.extend(tried)
-        return choose(tried)
-
-    monkeypatch.setattr(label_vote_module, "choose_votes", record)
+    seen = tried_fits
     train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0, by_count=True)
     calibrated = [f for f in seen if f.calibrated_at is not None]
     assert sorted(f.calibrated_at for f in calibrated) == [1.0, 3.0]

@@ -95,17 +95,12 @@ def test_folds_are_stratified_so_every_fit_sees_every_class_with_two_documents()
     assert all({int(y[i]) for i in documents} == {0, 1, 2} for documents in seen)
 
 
-def test_a_class_with_one_training_document_trains_without_calibration(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_class_with_one_training_document_trains_without_calibration(
+    tried_fits: list[label_vote_module.VoteFit],
+) -> None:
     embeddings, y, _ = uneven_corpus()
     train = [0, *range(1, 100, 3), *range(2, 100, 3)]
-    seen: list[label_vote_module.VoteFit] = []
-    choose = label_vote_module.choose_votes
-
-    def record(tried):  # type: ignore[no-untyped-def]
-        seen.extend(tried)
-        return choose(tried)
-
-    monkeypatch.setattr(label_vote_module, "choose_votes", record)
+    seen = tried_fits
     train_vote(embeddings, y, train, list(range(100, 120)), (1.0,), seed=0)
     assert seen
     assert all(f.calibrated_at is None for f in seen)
@@ -161,19 +156,14 @@ def test_a_calibrated_vote_is_its_fit_scaled_and_shifted_per_class_in_the_cube()
     np.testing.assert_array_equal(vote.votes(x, texts)[3], vote.votes(x[3:4], texts[3:4])[0])
 
 
-def test_training_scores_each_calibrated_vote_as_it_is_drawn(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_training_scores_each_calibrated_vote_as_it_is_drawn(
+    tried_fits: list[label_vote_module.VoteFit],
+) -> None:
     """One calibrated cube fit per grid epsilon, started from the cube fit best there, scored
     by its own distribution; the result may choose it like any other."""
     embeddings, y, _ = uneven_corpus(documents=150, seed=4)
     train, validation = list(range(100)), list(range(100, 150))
-    seen: list[label_vote_module.VoteFit] = []
-    choose = label_vote_module.choose_votes
-
-    def record(tried):  # type: ignore[no-untyped-def]
-        seen.extend(tried)
-        return choose(tried)
-
-    monkeypatch.setattr(label_vote_module, "choose_votes", record)
+    seen = tried_fits
     train_vote(embeddings, y, train, validation, (1.0, 3.0), seed=0)
     documents = [embeddings.document(i) for i in validation]
     truth = [int(y[i]) for i in validation]
