@@ -7,12 +7,14 @@ probabilities, the floor included, as the service draws a cube vote):
 - **true class**: each sentence votes for its document's true class, the most any vote can
   do (a document of n sentences leads by n);
 - **non-private label**: each sentence votes for the label the bundle's non-private
-  classifier (C_nonpriv, on the document's mean embedding) gives its document, what a vote
-  gets whose sentences all agree with the best non-private reading of their document.
+  classifier (C_nonpriv, on the document's mean embedding) gives its document;
+- **tally's label**: each sentence votes for the class its document's tally leads with, under
+  the vote the bundle runs at its largest grid epsilon (the votes' own non-private reading,
+  which can beat C_nonpriv: it reads words).
 
-Where the second is below a target, no vote whose sentences are at best as right as the
-non-private classifier reaches it: the per-sentence classifier is not the limit there, the
-documents' length and the selection's privacy are.
+The last two are what a vote gets whose sentences all agree with a non-private reading of
+their document. Where both are below a target, a vote reaches it only if its sentences are
+unanimous and more often right than either reading.
 
 Run: ``.venv/bin/python -m evaluation.vote_ceiling TAG [TAG ...]``.
 """
@@ -50,22 +52,25 @@ def unanimous_macro_f1(
 
 def ceilings(
     bundle: Bundle, epsilons: Sequence[float]
-) -> list[tuple[str, float, float, float, float]]:
-    """``(split, epsilon, true class, non-private label, non-private macro-F1)`` rows for the
-    validation and test splits."""
+) -> list[tuple[str, float, float, float, float, float, float]]:
+    """``(split, epsilon, true class, non-private label, its macro-F1, tally's label, its
+    macro-F1)`` rows for the validation and test splits."""
     if bundle.classifier_nonpriv is None:
         raise ValueError(f"{bundle.manifest.name} has no non-private classifier")
     corpus, splits, _, embeddings = embedded_corpus(bundle, load_settings())
     classes = len(corpus.labels)
+    tally_vote = bundle.votes[bundle.manifest.choice_for(max(epsilons)).vote_index]
     rows = []
     for split in ("validation", "test"):
-        texts, _, truth = split_documents(corpus, splits, embeddings, split)
+        texts, vectors, truth = split_documents(corpus, splits, embeddings, split)
         documents = list(getattr(splits, split))
         predicted: npt.NDArray[np.int64] = np.argmax(
             bundle.classifier_nonpriv(embeddings.means(documents)), axis=1
         )
-        confusion = np.zeros((classes, classes))
-        np.add.at(confusion, (np.asarray(truth), predicted), 1.0)
+        leaders = [
+            int(np.argmax(tally_vote.votes(x, sentences).sum(axis=0)))
+            for x, sentences in zip(vectors, texts, strict=True)
+        ]
         counts = [len(sentences) for sentences in texts]
         for epsilon in epsilons:
             rows.append(
@@ -74,10 +79,18 @@ def ceilings(
                     epsilon,
                     unanimous_macro_f1(truth, counts, truth, classes, epsilon),
                     unanimous_macro_f1(list(predicted), counts, truth, classes, epsilon),
-                    soft_macro_f1(confusion),
+                    _macro_f1(truth, list(predicted), classes),
+                    unanimous_macro_f1(leaders, counts, truth, classes, epsilon),
+                    _macro_f1(truth, leaders, classes),
                 )
             )
     return rows
+
+
+def _macro_f1(truth: Sequence[int], predicted: Sequence[int], classes: int) -> float:
+    confusion = np.zeros((classes, classes))
+    np.add.at(confusion, (np.asarray(truth), np.asarray(predicted)), 1.0)
+    return soft_macro_f1(confusion)
 
 
 def main() -> None:
@@ -87,10 +100,17 @@ def main() -> None:
     for tag in args.tags:
         bundle = load_from_store(tag)
         print(f"\n{bundle.manifest.name}")
-        print("| split | ε | true class | non-private label | non-private classifier |")
+        print(
+            "| split | ε | true class | non-private label (C_nonpriv alone) "
+            "| tally's label (the tally alone) |"
+        )
         print("|---|---|---|---|---|")
-        for split, epsilon, true, agreed, nonprivate in ceilings(bundle, DEFAULT_EPSILONS):
-            print(f"| {split} | {epsilon:g} | {true:.3f} | {agreed:.3f} | {nonprivate:.3f} |")
+        for split, epsilon, *scores in ceilings(bundle, DEFAULT_EPSILONS):
+            true, agreed, nonprivate, led, tally = scores
+            print(
+                f"| {split} | {epsilon:g} | {true:.3f} | {agreed:.3f} ({nonprivate:.3f}) "
+                f"| {led:.3f} ({tally:.3f}) |"
+            )
 
 
 if __name__ == "__main__":

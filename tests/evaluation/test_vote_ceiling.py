@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from evaluation.vote_ceiling import ceilings, unanimous_macro_f1
+from evaluation.vote_selection import compare
 from sentdp.labels import VOTE_UNITS, vote_probabilities
 from training.p_selection import soft_macro_f1
 from training.store import load_from_store
@@ -37,12 +38,20 @@ def test_the_ceilings_of_a_real_bundle_meet_their_non_private_limits(
     assert [(split, eps) for split, eps, *_ in rows] == [
         (split, eps) for split in ("validation", "test") for eps in (1.0, 50.0)
     ]
-    by_key = {(split, epsilon): (true, agreed) for split, epsilon, true, agreed, _ in rows}
-    for split, epsilon, true, agreed, nonprivate in rows:
+    by_key = {(split, epsilon): scores for split, epsilon, *scores in rows}
+    for split, epsilon, true, agreed, nonprivate, led, tally in rows:
         assert agreed <= true + 1e-12
+        assert led <= true + 1e-12
         if epsilon == 50.0:  # a lead of 2 sentences or more at epsilon 50: the vote's class
             assert true > 0.999
             assert agreed == pytest.approx(nonprivate, abs=1e-3)
+            assert led == pytest.approx(tally, abs=1e-3)
         else:  # less privacy loss, a surer draw
             assert true < by_key[split, 50.0][0]
             assert agreed < by_key[split, 50.0][1]
+            assert led < by_key[split, 50.0][3]
+    # the tally's label is the served vote's at a large epsilon, unanimous: above it there
+    bundle = load_from_store(quick_bundle_tag)
+    served = compare(bundle, [50.0])
+    for split, _, _, flip, _ in served:
+        assert by_key[split, 50.0][3] >= flip - 1e-9
