@@ -31,6 +31,7 @@ from evaluation.experiment import embedded_corpus
 from evaluation.vote_selection import split_documents
 from sentdp.bundle import Bundle
 from sentdp.labels import VOTE_UNITS, vote_probabilities
+from training.classifiers import macro_f1
 from training.p_selection import DEFAULT_EPSILONS, soft_macro_f1
 from training.settings import load_settings
 from training.store import load_from_store
@@ -79,18 +80,12 @@ def ceilings(
                     epsilon,
                     unanimous_macro_f1(truth, counts, truth, classes, epsilon),
                     unanimous_macro_f1(list(predicted), counts, truth, classes, epsilon),
-                    _macro_f1(truth, list(predicted), classes),
+                    macro_f1(truth, predicted, classes),
                     unanimous_macro_f1(leaders, counts, truth, classes, epsilon),
-                    _macro_f1(truth, leaders, classes),
+                    macro_f1(truth, leaders, classes),
                 )
             )
     return rows
-
-
-def _macro_f1(truth: Sequence[int], predicted: Sequence[int], classes: int) -> float:
-    confusion = np.zeros((classes, classes))
-    np.add.at(confusion, (np.asarray(truth), np.asarray(predicted)), 1.0)
-    return soft_macro_f1(confusion)
 
 
 def main() -> None:
