@@ -49,6 +49,7 @@ from service.logs import log_event, logger
 from service.metrics import metric
 from service.scheduling import TenantLoad
 from service.schemas import (
+    BACKLOG_ERROR,
     DocumentIn,
     PrivateDocument,
     PrivatizeResponse,
@@ -66,6 +67,7 @@ from service.validation import (
     request_sentences,
 )
 from service.views import (
+    backlog_error,
     budget_view,
     exhausted_error,
     private_document,
@@ -141,6 +143,13 @@ class Reply:
     body: str
     replayed: bool = False
     headers: dict[str, str] = field(default_factory=dict)
+    code: str | None = None
+    """The error code of an error reply (for the request log), else None."""
+
+    @classmethod
+    def of(cls, error: ApiError) -> Reply:
+        """The reply of a refusal."""
+        return cls(error.status, error.json(), headers=error.headers, code=error.code.value)
 
 
 @dataclass(frozen=True)
@@ -196,10 +205,7 @@ class Charging:
             admission = await asyncio.to_thread(self.validate, request)  # splitting is CPU work
             reply = await self._admitted(request, admission)
         except ApiError as error:
-            reply = Reply(error.status, error.json(), headers=error.headers)
-            code: str | None = error.code.value
-        else:
-            code = None
+            reply = Reply.of(error)
         seconds = time.perf_counter() - started
         metric("request_seconds").labels(request.endpoint).observe(seconds)
         log_event(
@@ -209,7 +215,7 @@ class Charging:
             endpoint=request.endpoint,
             documents=len(request.documents),
             status=reply.status,
-            code=code,
+            code=reply.code,
             replayed=reply.replayed,
             seconds=round(seconds, 4),
         )
@@ -338,7 +344,7 @@ class Charging:
             # Some documents may have sampled: every charge is final, and the error is stored
             # under the key, so a retry with the same key replays it instead of charging again.
             error = ApiError(unknown.code, str(unknown))
-            failed = Reply(error.status, error.json())
+            failed = Reply.of(error)
             await self._settle(request, admission, reserved.charge_ids, [], failed)
             raise error from None
         final = [i.charge_id for i, r in zip(items, results, strict=True) if r.sampled]
@@ -398,9 +404,12 @@ class Charging:
             if result.sampled
         ]
         if len(released) < len(results):
+            if not released and all(r.error == BACKLOG_ERROR for r in results):
+                error = backlog_error(len(results))
+                return Reply.of(error)
             reason = next(r.error for r in results if not r.sampled) or "worker"
             error = refunded_error(released, len(results), reason)
-            return Reply(error.status, error.json())
+            return Reply.of(error)
         budget = budget_view(reserved.account, request.tenant.policy)
         response = PrivatizeResponse(model=self.version, documents=released, budget=budget)
         return Reply(200, json.dumps(response.model_dump(mode="json", exclude_none=True)))

@@ -8,6 +8,8 @@ The worker's encoder uses every core, so running two batches at once only makes 
 served least recently goes next (first come, first served within a key). Unbatched calls
 (large requests) wait under their tenant's key and adaptive batches under one shared key, so
 a tenant flooding large requests delays another tenant's request by at most one computation.
+A waiter that gives up at its deadline learns whether its own key held the gate meanwhile (or
+when it arrived): then its wait came from its own backlog, not from other keys' work.
 :class:`ComputeThread` runs those computations, and the encoder's start-up, on one thread.
 """
 
@@ -19,6 +21,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
@@ -28,39 +31,58 @@ BATCH_KEY = "adaptive-batch"
 """The key under which adaptive batches (requests of several tenants) take their turns."""
 
 
+@dataclass(frozen=True)
+class Turn:
+    """How a wait at the gate ended."""
+
+    granted: bool
+    """The gate is held for the body of ``with``; False: the deadline came first."""
+    behind_own: bool = False
+    """Not granted, and the same key held the gate while this waiter waited (its own
+    earlier work, served first within the key, is why it is late)."""
+
+
 class FairGate:
     """A lock granted round-robin over keys, FIFO within a key."""
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
         self._busy = False
+        self._holder: Hashable | None = None
+        self._grants: dict[Hashable, int] = {}
         self._waiting: list[tuple[Hashable, int]] = []
         self._last_served: dict[Hashable, int] = {}
         self._tickets = itertools.count()
         self._serves = itertools.count()
 
     @contextmanager
-    def turn(self, key: Hashable, deadline: float | None = None) -> Iterator[bool]:
-        """Wait for this key's turn and hold the gate for the body (yields True); at
-        ``deadline`` (wall-clock seconds) stop waiting and hold nothing (yields False)."""
+    def turn(self, key: Hashable, deadline: float | None = None) -> Iterator[Turn]:
+        """Wait for this key's turn and hold the gate for the body (``granted``); at
+        ``deadline`` (wall-clock seconds) stop waiting and hold nothing."""
         with self._condition:
             ticket = (key, next(self._tickets))
+            own_grants = self._grants.get(key, 0)
+            held_by_own = self._busy and self._holder == key
             self._waiting.append(ticket)
             granted = self._wait(ticket, deadline)
             self._waiting.remove(ticket)
             if granted:
                 self._busy = True
+                self._holder = key
+                self._grants[key] = self._grants.get(key, 0) + 1
                 self._last_served[key] = next(self._serves)
             else:
+                behind_own = held_by_own or self._grants.get(key, 0) > own_grants
                 self._condition.notify_all()  # the next waiter may be up now
         if not granted:
-            yield False
+            yield Turn(False, behind_own)
             return
         try:
-            yield True
+            yield Turn(True)
         finally:
             with self._condition:
                 self._busy = False
+                self._holder = None
                 self._condition.notify_all()
 
     def _wait(self, ticket: tuple[Hashable, int], deadline: float | None) -> bool:

@@ -118,6 +118,18 @@ def voted_document(bundle: Bundle, label: int, k: int, epsilon: float) -> Privat
     )
 
 
+def backlog_error(documents: int) -> ApiError:
+    """The 429 of a request that waited behind its own tenant's earlier requests until its
+    deadline: nothing was drawn and every document was refunded."""
+    return ApiError(
+        Code.TENANT_BUSY,
+        f"none of the {documents} documents could start before this tenant's earlier requests "
+        "had finished; all were refunded; send fewer requests at once",
+        headers={"Retry-After": "1"},
+        released=[],
+    )
+
+
 def refunded_error(released: list[PrivateDocument], documents: int, reason: str) -> ApiError:
     """The 503 of a request some of whose documents drew no randomness and were refunded; the
     documents that were sampled are released all the same (their charges are final)."""

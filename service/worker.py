@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -30,15 +31,24 @@ from service import logs
 from service.invariance import invariant_encoder
 from service.metrics import metric
 from service.scheduling import BATCH_KEY, ComputeThread, FairGate
-from service.schemas import WorkItem, WorkReply, WorkRequest, WorkResult
+from service.schemas import (
+    BACKLOG_ERROR,
+    LATE_ERROR,
+    WorkItem,
+    WorkReply,
+    WorkRequest,
+    WorkResult,
+)
 from service.settings import ACCESS_LOG, ServiceSettings, boot_settings, load_settings
 
 if TYPE_CHECKING:
     from sentdp.bundle import Bundle
 
 BOOT = boot_settings()
-LATE = WorkResult(sampled=False, error="not started before its deadline")
+LATE = WorkResult(sampled=False, error=LATE_ERROR)
 """The answer for an item whose request's deadline passed before its turn (nothing drawn)."""
+BACKLOG = WorkResult(sampled=False, error=BACKLOG_ERROR)
+"""The same, for a tenant's own large request that waited behind the tenant's earlier ones."""
 REPLIES = Annotated[list[WorkReply], ContentType("application/json")]
 """The worker's answer type. The media type is stated because BentoML otherwise derives it
 from the list's JSON schema on every response (a third of the worker event loop's busy
@@ -153,7 +163,8 @@ class Worker:
     @bentoml.api(route="/worker/privatize_unbatched")
     def privatize_unbatched(self, requests: list[WorkRequest]) -> REPLIES:
         """The same work without adaptive batching: one large request, in its tenant's turn."""
-        return self._run(requests, requests[0].tenant if requests else BATCH_KEY)
+        # A tuple: no tenant id, whatever the operator names it, can share the batches' key.
+        return self._run(requests, ("tenant", requests[0].tenant) if requests else BATCH_KEY)
 
     def _batch_invariant_encoder(self) -> str:
         """Serve in a mode where batching cannot move an embedding (:mod:`service.invariance`:
@@ -193,7 +204,7 @@ class Worker:
             cuda_graphs=cuda_graphs,
         )
 
-    def _run(self, requests: list[WorkRequest], key: str) -> list[WorkReply]:
+    def _run(self, requests: list[WorkRequest], key: Hashable) -> list[WorkReply]:
         """Wait for this key's turn, at most until the last deadline of ``requests``: a
         request that cannot start in time returns unsampled well before the caller's timeout
         (waiting past it would turn into an answer lost after a possible sampling). Requests
@@ -203,11 +214,14 @@ class Worker:
         if not any(r.items for r in requests):  # the gateway's warm-up calls: nothing to do
             return [WorkReply(results=[]) for _ in requests]
         deadline = max(r.deadline for r in requests if r.items)
-        with self.gate.turn(key, deadline) as started:
-            if started:
+        with self.gate.turn(key, deadline) as turn:
+            if turn.granted:
                 return self.compute.run(self._compute, requests)
         metric("late_requests").inc(len(requests))
-        return [WorkReply(results=[LATE] * len(r.items)) for r in requests]
+        # An adaptive batch's key is shared by every tenant: only a tenant's own key tells
+        # that its wait came from its own backlog.
+        late = BACKLOG if turn.behind_own and key != BATCH_KEY else LATE
+        return [WorkReply(results=[late] * len(r.items)) for r in requests]
 
     def _compute(self, requests: list[WorkRequest]) -> list[WorkReply]:
         started = time.perf_counter()

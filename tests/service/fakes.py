@@ -21,7 +21,7 @@ from sentdp.mechanism import DeepCandidate
 from sentdp.words import TOKENIZER, WordFeatures
 from service.charging import WorkerNotRunError, WorkerOutcomeUnknownError
 from service.errors import Code
-from service.schemas import WorkRequest, WorkResult
+from service.schemas import BACKLOG_ERROR, LATE_ERROR, WorkRequest, WorkResult
 
 DIM = 8
 LABELS = ["business", "sport", "tech"]
@@ -138,8 +138,9 @@ class FakeWorker:
     """Runs the bundle's real mechanism; ``mode`` injects the failures of a real deployment.
 
     ``ok``; ``not_run`` (refused before dispatch); ``after`` (fails after sampling);
-    ``partial`` (the first item fails before sampling, the others sample). Like the real
-    worker, a request whose deadline has passed draws nothing.
+    ``partial`` (the first item fails before sampling, the others sample); ``backlog`` (late
+    behind the tenant's own earlier requests: nothing drawn). Like the real worker, a request
+    whose deadline has passed draws nothing.
     """
 
     bundle: Bundle
@@ -151,10 +152,10 @@ class FakeWorker:
         self.calls += 1
         if self.mode == "not_run":
             raise WorkerNotRunError("worker busy (cancelled before dispatch)")
+        if self.mode == "backlog":
+            return [WorkResult(sampled=False, error=BACKLOG_ERROR)] * len(work.items)
         if time.time() > work.deadline:
-            return [WorkResult(sampled=False, error="not started before its deadline")] * len(
-                work.items
-            )
+            return [WorkResult(sampled=False, error=LATE_ERROR)] * len(work.items)
         results: list[WorkResult] = []
         for n, item in enumerate(work.items):
             if self.mode == "partial" and n == 0:

@@ -327,6 +327,27 @@ def test_a_worker_that_did_not_run_refunds_everything_and_frees_the_key(
     assert ledger.account("acme", "alice").spent_micro == 4 * MICRO
 
 
+def test_a_request_late_behind_its_own_tenant_gets_429_refunded_and_frees_the_key(
+    ledger: SqlLedger,
+) -> None:
+    """The worker says the tenant's own earlier requests held it until the deadline: the
+    tenant sends faster than it is served (429 and Retry-After, as at admission), not a
+    failing service (503); nothing was drawn, so everything is refunded."""
+    worker = FakeWorker(BUNDLE, mode="backlog")
+    flow = charging(ledger, worker)
+    reply, body = run(flow, request(idempotency_key="k2", documents=[{"text": TEXT}] * 2))
+    assert reply.status == 429
+    assert reply.headers == {"Retry-After": "1"}
+    assert body["error"]["code"] == "tenant_busy"
+    assert body["error"]["released"] == []
+    assert states(ledger) == ["refunded", "refunded"]
+    assert ledger.account("acme", "alice").spent_micro == 0
+    worker.mode = "ok"
+    retried, _ = run(flow, request(idempotency_key="k2", documents=[{"text": TEXT}] * 2))
+    assert (retried.status, retried.replayed) == (200, False)
+    assert ledger.account("acme", "alice").spent_micro == 4 * MICRO
+
+
 def test_a_worker_failure_after_sampling_keeps_every_charge(ledger: SqlLedger) -> None:
     worker = FakeWorker(BUNDLE, mode="after")
     reply, body = run(charging(ledger, worker), request(documents=[{"text": TEXT}] * 2))
@@ -465,12 +486,16 @@ def test_the_log_holds_no_request_text(
     logs.logger.handlers.clear()
     logs.configure()
     marker = "Zanzibar-marker-sentence"
-    flow = charging(ledger, FakeWorker(BUNDLE, mode="after"))
+    worker = FakeWorker(BUNDLE, mode="after")
+    flow = charging(ledger, worker)
     run(flow, request(user="u-marker", documents=[{"text": f"{marker}. Second one."}]))
     run(flow, request(user="u-marker", epsilon=50.0, documents=[{"text": marker}]))
+    worker.mode = "backlog"
+    run(flow, request(user="u-marker", documents=[{"text": marker}]))
     err = capsys.readouterr().err
     events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-    assert [e.get("status") for e in events if e.get("event") == "charged_request"] == [500, 400]
+    logged = [(e["status"], e["code"]) for e in events if e.get("event") == "charged_request"]
+    assert logged == [(500, "mechanism_failed"), (400, "invalid_epsilon"), (429, "tenant_busy")]
     assert any("exception" in e for e in events)  # the failure was logged with its traceback
     assert marker not in err
     assert "u-marker" not in err

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from service.scheduling import ComputeThread, FairGate
+from service.scheduling import ComputeThread, FairGate, Turn
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -74,13 +74,13 @@ def test_a_waiter_gives_up_at_its_deadline_and_the_next_one_goes() -> None:
     outcomes: dict[str, bool] = {}
 
     def hold() -> None:
-        with gate.turn("A") as started:
-            outcomes["A"] = started
+        with gate.turn("A") as turn:
+            outcomes["A"] = turn.granted
             release.wait(5)
 
     def wait(key: str, deadline: float | None) -> None:
-        with gate.turn(key, deadline) as started:
-            outcomes[key] = started
+        with gate.turn(key, deadline) as turn:
+            outcomes[key] = turn.granted
 
     holder = threading.Thread(target=hold)
     holder.start()
@@ -96,6 +96,70 @@ def test_a_waiter_gives_up_at_its_deadline_and_the_next_one_goes() -> None:
     holder.join(5)
     patient.join(5)
     assert outcomes == {"A": True, "B": False, "C": True}
+    assert gate.waiting() == 0
+
+
+def test_a_late_waiter_learns_whether_its_own_key_held_the_gate() -> None:
+    """Late behind its own key's work (held on arrival, or granted while it waited): its own
+    backlog; late behind other keys' work only: not."""
+    gate = FairGate()
+    turns: dict[str, object] = {}
+    release = {name: threading.Event() for name in ("A0", "B0", "A1")}
+    holding: list[str] = []
+
+    def hold(name: str, key: str) -> None:
+        with gate.turn(key) as turn:
+            assert turn.granted
+            holding.append(name)
+            release[name].wait(5)
+
+    def wait(name: str, key: str, seconds: float) -> None:
+        with gate.turn(key, time.time() + seconds) as turn:
+            turns[name] = turn
+
+    first = threading.Thread(target=hold, args=("A0", "A"))
+    first.start()
+    wait_for(lambda: holding == ["A0"])
+    behind_a = threading.Thread(target=wait, args=("a-late", "A", 0.2))
+    behind_a_for_b = threading.Thread(target=wait, args=("b-late", "B", 0.2))
+    behind_a.start()
+    behind_a_for_b.start()
+    behind_a.join(5)
+    behind_a_for_b.join(5)
+    assert turns["a-late"] == Turn(False, behind_own=True)  # A held the gate on arrival
+    assert turns["b-late"] == Turn(False, behind_own=False)  # only another key's work
+    # C arrives while A holds; B then A1 are served before C's deadline passes.
+    second_b = threading.Thread(target=hold, args=("B0", "B"))
+    second_b.start()
+    wait_for(lambda: gate.waiting() == 1)
+    c_late = threading.Thread(target=wait, args=("c-late", "C", 0.5))
+    c_late.start()
+    wait_for(lambda: gate.waiting() == 2)
+    release["A0"].set()
+    wait_for(lambda: holding == ["A0", "B0"])
+    c_late.join(5)
+    assert turns["c-late"] == Turn(False, behind_own=False)
+    release["B0"].set()
+    first.join(5)
+    second_b.join(5)
+    # D waits while the gate is free of D's key, and D's own earlier request is granted first.
+    third = threading.Thread(target=hold, args=("A1", "A"))
+    third.start()
+    wait_for(lambda: holding[-1] == "A1")
+    d_first = threading.Thread(target=hold, args=("D0", "D"))
+    release["D0"] = threading.Event()
+    d_first.start()
+    wait_for(lambda: gate.waiting() == 1)
+    d_late = threading.Thread(target=wait, args=("d-late", "D", 0.5))
+    d_late.start()
+    wait_for(lambda: gate.waiting() == 2)
+    release["A1"].set()
+    wait_for(lambda: holding[-1] == "D0")  # D's first request took the gate from A
+    d_late.join(5)
+    assert turns["d-late"] == Turn(False, behind_own=True)
+    release["D0"].set()
+    third.join(5)
+    d_first.join(5)
     assert gate.waiting() == 0
 
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from service.scheduling import BATCH_KEY
-from service.schemas import WorkItem, WorkReply, WorkRequest
+from service.scheduling import BATCH_KEY, Turn
+from service.schemas import BACKLOG_ERROR, LATE_ERROR, WorkItem, WorkReply, WorkRequest
 from service.worker import Worker
 
 
@@ -54,13 +54,16 @@ def test_a_batch_with_any_item_still_takes_its_turn() -> None:
 class Closed:
     """A gate whose turn never comes: records the deadline it was asked to wait until."""
 
-    def __init__(self) -> None:
+    def __init__(self, behind_own: bool = False) -> None:
         self.deadlines: list[float] = []
+        self.keys: list[object] = []
+        self.behind_own = behind_own
 
     @contextmanager
-    def turn(self, key: object, deadline: float | None = None) -> Iterator[bool]:
+    def turn(self, key: object, deadline: float | None = None) -> Iterator[Turn]:
         self.deadlines.append(deadline or 0.0)
-        yield False
+        self.keys.append(key)
+        yield Turn(False, self.behind_own)
 
 
 def test_an_empty_request_never_extends_the_wait_of_the_users_it_is_batched_with() -> None:
@@ -73,3 +76,27 @@ def test_an_empty_request_never_extends_the_wait_of_the_users_it_is_batched_with
     replies = Worker.inner._run(SimpleNamespace(gate=gate), [warm_up, user], BATCH_KEY)
     assert gate.deadlines == [100.0]
     assert replies[1].results[0].sampled is False  # not started: refunded, nothing drawn
+
+
+@pytest.mark.parametrize(
+    ("batched", "behind_own", "error"),
+    [
+        (False, True, BACKLOG_ERROR),
+        (False, False, LATE_ERROR),
+        (True, True, LATE_ERROR),  # a batch's key is every tenant's: no tenant's own backlog
+    ],
+)
+def test_a_late_request_says_whether_its_own_tenant_s_requests_held_the_worker(
+    batched: bool, behind_own: bool, error: str
+) -> None:
+    item = WorkItem(charge_id=1, model="m", variant="v", sentences=["A."], epsilon=1.0, p=1)
+    user = WorkRequest(request_id="u", tenant="adaptive-batch", deadline=100.0, items=[item])
+    gate = Closed(behind_own)
+    worker = SimpleNamespace(gate=gate, _run=lambda r, k: Worker.inner._run(worker, r, k))
+    api = Worker.inner.privatize if batched else Worker.inner.privatize_unbatched
+    endpoint = api.func
+    (reply,) = endpoint(worker, [user])
+    assert reply.results[0].sampled is False
+    assert reply.results[0].error == error
+    # A tenant named like the batches' key still waits under a key of its own.
+    assert gate.keys == [BATCH_KEY if batched else ("tenant", "adaptive-batch")]
