@@ -33,7 +33,7 @@ from sentdp.bundle import Bundle, PChoice
 from sentdp.labels import vote_slack
 from sentdp.mechanism import privacy_slack
 from sentdp.text import SentenceSplitter
-from service.errors import ApiError, Code
+from service.errors import ApiError, Code, error_code
 from service.idempotency import BodySigner
 from service.ledger import (
     AccountantChangedError,
@@ -236,7 +236,8 @@ class Charging:
             reserved = await self.reserve(request, admission)
             if isinstance(reserved, Replay):
                 metric("replays").labels(tenant).inc()
-                return Reply(reserved.status, reserved.response, replayed=True)
+                code = error_code(reserved.response) if reserved.status >= 400 else None
+                return Reply(reserved.status, reserved.response, replayed=True, code=code)
             return await self.run_and_settle(request, admission, reserved)
         finally:
             self.load.release(tenant, admission.cost)
@@ -405,6 +406,7 @@ class Charging:
         ]
         if len(released) < len(results):
             if not released and all(r.error == BACKLOG_ERROR for r in results):
+                metric("busy").labels(request.tenant.id).inc()
                 error = backlog_error(len(results))
                 return Reply.of(error)
             reason = next(r.error for r in results if not r.sampled) or "worker"

@@ -72,6 +72,15 @@ def envelope(code: Code, message: str, **details: Any) -> dict[str, Any]:
     return {"error": {"code": code.value, "message": message, **details}}
 
 
+def error_code(body: str) -> str | None:
+    """The code of a serialised error body (a stored reply), or None if it holds none."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error.get("code") if isinstance(error, dict) else None
+
+
 class ApiError(Exception):
     """A refusal: its code (hence its status), what to fix, and optional extra fields."""
 

@@ -8,8 +8,8 @@ The worker's encoder uses every core, so running two batches at once only makes 
 served least recently goes next (first come, first served within a key). Unbatched calls
 (large requests) wait under their tenant's key and adaptive batches under one shared key, so
 a tenant flooding large requests delays another tenant's request by at most one computation.
-A waiter that gives up at its deadline learns whether its own key held the gate meanwhile (or
-when it arrived): then its wait came from its own backlog, not from other keys' work.
+A waiter that gives up at its deadline learns whether its own key held the gate for most of its
+wait: then it is late because of its own backlog, not other keys' work.
 :class:`ComputeThread` runs those computations, and the encoder's start-up, on one thread.
 """
 
@@ -38,8 +38,8 @@ class Turn:
     granted: bool
     """The gate is held for the body of ``with``; False: the deadline came first."""
     behind_own: bool = False
-    """Not granted, and the same key held the gate while this waiter waited (its own
-    earlier work, served first within the key, is why it is late)."""
+    """Not granted, and the same key held the gate for at least half of this waiter's wait:
+    its own earlier work (served first within the key) is mostly why it is late."""
 
 
 class FairGate:
@@ -49,7 +49,9 @@ class FairGate:
         self._condition = threading.Condition()
         self._busy = False
         self._holder: Hashable | None = None
-        self._grants: dict[Hashable, int] = {}
+        self._held_since = 0.0
+        self._held: dict[Hashable, float] = {}
+        """Seconds each key has held the gate, its current turn excluded."""
         self._waiting: list[tuple[Hashable, int]] = []
         self._last_served: dict[Hashable, int] = {}
         self._tickets = itertools.count()
@@ -61,18 +63,20 @@ class FairGate:
         ``deadline`` (wall-clock seconds) stop waiting and hold nothing."""
         with self._condition:
             ticket = (key, next(self._tickets))
-            own_grants = self._grants.get(key, 0)
-            held_by_own = self._busy and self._holder == key
+            arrived = time.monotonic()
+            own_before = self._held_by(key, arrived)
             self._waiting.append(ticket)
             granted = self._wait(ticket, deadline)
             self._waiting.remove(ticket)
             if granted:
                 self._busy = True
                 self._holder = key
-                self._grants[key] = self._grants.get(key, 0) + 1
+                self._held_since = time.monotonic()
                 self._last_served[key] = next(self._serves)
             else:
-                behind_own = held_by_own or self._grants.get(key, 0) > own_grants
+                ended = time.monotonic()
+                own = self._held_by(key, ended) - own_before
+                behind_own = own >= (ended - arrived) / 2
                 self._condition.notify_all()  # the next waiter may be up now
         if not granted:
             yield Turn(False, behind_own)
@@ -81,9 +85,16 @@ class FairGate:
             yield Turn(True)
         finally:
             with self._condition:
+                self._held[key] = self._held_by(key, time.monotonic())
                 self._busy = False
                 self._holder = None
                 self._condition.notify_all()
+
+    def _held_by(self, key: Hashable, now: float) -> float:
+        """Seconds ``key`` has held the gate up to ``now`` (monotonic), its current turn
+        included."""
+        current = now - self._held_since if self._busy and self._holder == key else 0.0
+        return self._held.get(key, 0.0) + current
 
     def _wait(self, ticket: tuple[Hashable, int], deadline: float | None) -> bool:
         """Wait (holding the condition) until ``ticket`` is next and the gate is free, or

@@ -234,8 +234,8 @@ class WorkResult(BaseModel):
 LATE_ERROR = "not started before its deadline"
 """A refused item's error when its request could not start in time (nothing drawn)."""
 BACKLOG_ERROR = "not started before its deadline, behind this tenant's earlier requests"
-"""The same, when the tenant's own earlier requests held the worker while it waited: the
-gateway answers 429 (the tenant sends faster than it is served), not 503."""
+"""The same, when the tenant's own earlier requests held the worker for at least half of its
+wait: the gateway answers 429 (the tenant sends faster than it is served), not 503."""
 
 
 class WorkReply(BaseModel):

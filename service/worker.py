@@ -164,7 +164,9 @@ class Worker:
     def privatize_unbatched(self, requests: list[WorkRequest]) -> REPLIES:
         """The same work without adaptive batching: one large request, in its tenant's turn."""
         # A tuple: no tenant id, whatever the operator names it, can share the batches' key.
-        return self._run(requests, ("tenant", requests[0].tenant) if requests else BATCH_KEY)
+        tenants = {r.tenant for r in requests}
+        key = ("tenant", *tenants) if len(tenants) == 1 else BATCH_KEY
+        return self._run(requests, key)
 
     def _batch_invariant_encoder(self) -> str:
         """Serve in a mode where batching cannot move an embedding (:mod:`service.invariance`:

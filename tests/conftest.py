@@ -73,6 +73,31 @@ def mean_bundle_tag(quick_bundle_tag: str) -> str:
 
 
 @pytest.fixture(scope="session")
+def cube_bundle_tag(quick_bundle_tag: str) -> str:
+    """The quick bundle with each vote made a calibrated cube vote by training's own
+    :func:`training.vote_calibration.calibrated` (a scale and an offset per class, fixed here
+    rather than fitted, so the draw is far from the uncalibrated cube's), format version 7:
+    the served path of the calibrated votes validation picks on clothing reviews."""
+    import numpy as np
+
+    from training.store import load_from_store, save_to_store
+    from training.vote_calibration import calibrated
+
+    bundle = load_from_store(quick_bundle_tag)
+    classes = len(bundle.labels)
+    scale, offset = np.linspace(0.5, 2.0, classes), np.linspace(1.5, -1.5, classes)
+    votes = tuple(calibrated(vote, scale, offset) for vote in bundle.votes)
+    manifest = bundle.manifest.model_copy(
+        update={
+            "format_version": max(7, bundle.manifest.format_version),
+            "vote_shapes": ["cube"] * len(votes),
+        }
+    )
+    derived = dataclasses.replace(bundle, votes=votes, manifest=manifest)
+    return save_to_store(derived, "sentdp-test-cube", {"derived_from": quick_bundle_tag})
+
+
+@pytest.fixture(scope="session")
 def encoder():  # type: ignore[no-untyped-def]
     """The packaged all-MiniLM-L6-v2, loaded once (real weights, CPU). On a GPU machine,
     SENTDP_TEST_DEVICE=cuda runs the encoder tests there, and SENTDP_TEST_ENCODER_DIR names

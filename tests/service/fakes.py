@@ -139,8 +139,9 @@ class FakeWorker:
 
     ``ok``; ``not_run`` (refused before dispatch); ``after`` (fails after sampling);
     ``partial`` (the first item fails before sampling, the others sample); ``backlog`` (late
-    behind the tenant's own earlier requests: nothing drawn). Like the real worker, a request
-    whose deadline has passed draws nothing.
+    behind the tenant's own earlier requests: nothing drawn); ``partial_backlog`` (the first
+    item as in ``backlog``, the others sample: a mix no real worker makes). Like the real
+    worker, a request whose deadline has passed draws nothing.
     """
 
     bundle: Bundle
@@ -158,8 +159,9 @@ class FakeWorker:
             return [WorkResult(sampled=False, error=LATE_ERROR)] * len(work.items)
         results: list[WorkResult] = []
         for n, item in enumerate(work.items):
-            if self.mode == "partial" and n == 0:
-                results.append(WorkResult(sampled=False, error="ValueError before sampling"))
+            if self.mode in ("partial", "partial_backlog") and n == 0:
+                error = BACKLOG_ERROR if self.mode == "partial_backlog" else "ValueError before"
+                results.append(WorkResult(sampled=False, error=error))
                 continue
             sentences = np.stack([embed(s) for s in item.sentences])
             if item.release == "vote":

@@ -348,6 +348,19 @@ def test_a_request_late_behind_its_own_tenant_gets_429_refunded_and_frees_the_ke
     assert ledger.account("acme", "alice").spent_micro == 4 * MICRO
 
 
+def test_a_backlog_refund_beside_sampled_documents_still_releases_them(
+    ledger: SqlLedger,
+) -> None:
+    """Only a request none of whose documents was drawn is a 429: a sampled document's
+    embedding and its final charge are never lost behind a busy answer."""
+    worker = FakeWorker(BUNDLE, mode="partial_backlog")
+    reply, body = run(charging(ledger, worker), request(documents=[{"text": TEXT}] * 2))
+    assert reply.status == 503
+    assert len(body["error"]["released"]) == 1
+    assert states(ledger) == ["refunded", "final"]
+    assert_never_refunded_after_sampling(ledger, worker)
+
+
 def test_a_worker_failure_after_sampling_keeps_every_charge(ledger: SqlLedger) -> None:
     worker = FakeWorker(BUNDLE, mode="after")
     reply, body = run(charging(ledger, worker), request(documents=[{"text": TEXT}] * 2))
@@ -488,14 +501,25 @@ def test_the_log_holds_no_request_text(
     marker = "Zanzibar-marker-sentence"
     worker = FakeWorker(BUNDLE, mode="after")
     flow = charging(ledger, worker)
-    run(flow, request(user="u-marker", documents=[{"text": f"{marker}. Second one."}]))
+    failing = request(user="u-marker", idempotency_key="k-log", documents=[{"text": marker}])
+    run(flow, failing)
+    run(flow, failing)  # replayed from the stored error
     run(flow, request(user="u-marker", epsilon=50.0, documents=[{"text": marker}]))
     worker.mode = "backlog"
     run(flow, request(user="u-marker", documents=[{"text": marker}]))
     err = capsys.readouterr().err
     events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-    logged = [(e["status"], e["code"]) for e in events if e.get("event") == "charged_request"]
-    assert logged == [(500, "mechanism_failed"), (400, "invalid_epsilon"), (429, "tenant_busy")]
+    logged = [
+        (e["status"], e["code"], e["replayed"])
+        for e in events
+        if e.get("event") == "charged_request"
+    ]
+    assert logged == [
+        (500, "mechanism_failed", False),
+        (500, "mechanism_failed", True),
+        (400, "invalid_epsilon", False),
+        (429, "tenant_busy", False),
+    ]
     assert any("exception" in e for e in events)  # the failure was logged with its traceback
     assert marker not in err
     assert "u-marker" not in err

@@ -1,6 +1,7 @@
 """Over real HTTP: a zCDP tenant's /classify votes follow the epsilon-bounded-range
-exponential mechanism and a pure-epsilon tenant's the bundle's own rule, through the real
-gateway, worker batch and WorkItem on the wire (the unit tests use a fake worker)."""
+exponential mechanism and a pure-epsilon tenant's the bundle's own rule, and a calibrated cube
+vote is drawn as trained, through the real gateway, worker batch and WorkItem on the wire (the
+unit tests use a fake worker)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sentdp.bundle import Bundle
 from service.tenants import Tenant, hash_key
 from tests.support import Server, client
 from tests.support import draws_server as started_server
+from training.vote_calibration import calibrated
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -91,3 +93,55 @@ def test_each_tenant_s_votes_follow_its_accountant_s_draw(
     assert chisquare(observed["rho"], own * total).pvalue < REJECT
     assert chisquare(observed["pure"], own * total).pvalue > ACCEPT
     assert chisquare(observed["pure"], bounded * total).pvalue < REJECT
+
+
+@pytest.fixture(scope="module")
+def cube_server(cube_bundle_tag: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    folder = tmp_path_factory.mktemp("cube-draws")
+    tenant = Tenant(id="pure", key_sha256=[hash_key(KEYS["pure"])], max_epsilon=10, budget=10_000)
+    server = started_server(folder, cube_bundle_tag, [tenant], DOCUMENTS)
+    yield server
+    server.stop()
+
+
+def test_a_calibrated_cube_vote_is_drawn_as_trained(
+    cube_server: Server, cube_bundle_tag: str, quick_bundle_tag: str, bentoml_home: Path, encoder
+) -> None:  # type: ignore[no-untyped-def]
+    """The server draws the calibrated vote's exact distribution, not the same classifier's
+    cube vote without its per-class scales and offsets."""
+    import bentoml
+
+    bundle = Bundle.load(Path(bentoml.models.get(cube_bundle_tag).path))
+    epsilon = 1.0
+    assert bundle.manifest.choice_for(epsilon).label == "vote"
+    vote = bundle.vote_for(epsilon)
+    assert vote.shape == "cube"
+    # The same classifier voting in the cube without calibration (scale 1, offset 0).
+    quick = Bundle.load(Path(bentoml.models.get(quick_bundle_tag).path)).vote_for(epsilon)
+    classes = len(bundle.labels)
+    plain = calibrated(quick, np.ones(classes), np.zeros(classes))
+    run_at = epsilon_of_charge(charge_for(epsilon))
+
+    def exact(of, sentence: str) -> np.ndarray:  # type: ignore[no-untyped-def]
+        return np.exp(of.log_probs(encoder.encode([sentence]), run_at, [sentence]))
+
+    sentence = max(CANDIDATES, key=lambda s: float(np.abs(exact(vote, s) - exact(plain, s)).sum()))
+    served, uncalibrated = exact(vote, sentence), exact(plain, sentence)
+    assert np.abs(served - uncalibrated).sum() > 0.15
+    counts = dict.fromkeys(bundle.labels, 0)
+    with client(cube_server, KEYS["pure"]) as http:
+        for n in range(REQUESTS):
+            body = {
+                "user": f"cube-{n}",
+                "epsilon": epsilon,
+                "documents": [{"sentences": [sentence]}] * DOCUMENTS,
+            }
+            response = http.post("/classify", json=body)
+            assert response.status_code == 200, response.text
+            for document in response.json()["documents"]:
+                assert document["label_mechanism"] == "sentence-vote"
+                counts[document["label"]] += 1
+    observed = np.array([counts[label] for label in bundle.labels])
+    total = DOCUMENTS * REQUESTS
+    assert chisquare(observed, served * total).pvalue > ACCEPT
+    assert chisquare(observed, uncalibrated * total).pvalue < REJECT

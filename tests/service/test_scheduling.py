@@ -99,68 +99,93 @@ def test_a_waiter_gives_up_at_its_deadline_and_the_next_one_goes() -> None:
     assert gate.waiting() == 0
 
 
-def test_a_late_waiter_learns_whether_its_own_key_held_the_gate() -> None:
-    """Late behind its own key's work (held on arrival, or granted while it waited): its own
-    backlog; late behind other keys' work only: not."""
+class Holders:
+    """Threads that each hold the gate under a key until released; and late waiters."""
+
+    def __init__(self, gate: FairGate) -> None:
+        self.gate = gate
+        self.holding: list[str] = []
+        self.release: dict[str, threading.Event] = {}
+        self.turns: dict[str, Turn] = {}
+        self.threads: list[threading.Thread] = []
+
+    def hold(self, name: str, key: str) -> None:
+        self.release[name] = threading.Event()
+
+        def body() -> None:
+            with self.gate.turn(key) as turn:
+                assert turn.granted
+                self.holding.append(name)
+                self.release[name].wait(10)
+
+        self._start(body, lambda: name in self.holding)
+
+    def wait(self, name: str, key: str, seconds: float) -> None:
+        def body() -> None:
+            with self.gate.turn(key, time.time() + seconds) as turn:
+                self.turns[name] = turn
+
+        self._start(body, lambda: name in self.turns)
+
+    def _start(self, body: Callable[[], None], done: Callable[[], bool]) -> None:
+        """Start ``body`` and return once it is queued at the gate (or already through)."""
+        waiting = self.gate.waiting()
+        thread = threading.Thread(target=body)
+        thread.start()
+        self.threads.append(thread)
+        wait_for(lambda: self.gate.waiting() > waiting or done())
+
+    def finish(self) -> None:
+        for event in self.release.values():
+            event.set()
+        for thread in self.threads:
+            thread.join(10)
+        assert self.gate.waiting() == 0
+
+
+def test_a_late_waiter_behind_its_own_key_for_most_of_its_wait_is_told_so() -> None:
     gate = FairGate()
-    turns: dict[str, object] = {}
-    release = {name: threading.Event() for name in ("A0", "B0", "A1")}
-    holding: list[str] = []
+    run = Holders(gate)
+    run.hold("A0", "A")
+    wait_for(lambda: run.holding == ["A0"])
+    run.wait("A-late", "A", 0.3)
+    run.wait("B-late", "B", 0.3)
+    wait_for(lambda: len(run.turns) == 2)
+    assert run.turns["A-late"] == Turn(False, behind_own=True)  # A held it all along
+    assert run.turns["B-late"] == Turn(False, behind_own=False)  # another key's work only
+    run.finish()
 
-    def hold(name: str, key: str) -> None:
-        with gate.turn(key) as turn:
-            assert turn.granted
-            holding.append(name)
-            release[name].wait(5)
 
-    def wait(name: str, key: str, seconds: float) -> None:
-        with gate.turn(key, time.time() + seconds) as turn:
-            turns[name] = turn
+def test_a_brief_own_turn_does_not_blame_a_wait_spent_behind_another_key() -> None:
+    """A1 arrives while A0 holds the gate; A0 ends at once and B0 then holds it past A1's
+    deadline: A1 is late because of B, not of its own key."""
+    gate = FairGate()
+    run = Holders(gate)
+    run.hold("A0", "A")
+    wait_for(lambda: run.holding == ["A0"])
+    run.hold("B0", "B")
+    run.wait("A1", "A", 1.0)
+    run.release["A0"].set()
+    wait_for(lambda: run.holding == ["A0", "B0"])
+    wait_for(lambda: "A1" in run.turns)
+    assert run.turns["A1"] == Turn(False, behind_own=False)
+    run.finish()
 
-    first = threading.Thread(target=hold, args=("A0", "A"))
-    first.start()
-    wait_for(lambda: holding == ["A0"])
-    behind_a = threading.Thread(target=wait, args=("a-late", "A", 0.2))
-    behind_a_for_b = threading.Thread(target=wait, args=("b-late", "B", 0.2))
-    behind_a.start()
-    behind_a_for_b.start()
-    behind_a.join(5)
-    behind_a_for_b.join(5)
-    assert turns["a-late"] == Turn(False, behind_own=True)  # A held the gate on arrival
-    assert turns["b-late"] == Turn(False, behind_own=False)  # only another key's work
-    # C arrives while A holds; B then A1 are served before C's deadline passes.
-    second_b = threading.Thread(target=hold, args=("B0", "B"))
-    second_b.start()
-    wait_for(lambda: gate.waiting() == 1)
-    c_late = threading.Thread(target=wait, args=("c-late", "C", 0.5))
-    c_late.start()
-    wait_for(lambda: gate.waiting() == 2)
-    release["A0"].set()
-    wait_for(lambda: holding == ["A0", "B0"])
-    c_late.join(5)
-    assert turns["c-late"] == Turn(False, behind_own=False)
-    release["B0"].set()
-    first.join(5)
-    second_b.join(5)
-    # D waits while the gate is free of D's key, and D's own earlier request is granted first.
-    third = threading.Thread(target=hold, args=("A1", "A"))
-    third.start()
-    wait_for(lambda: holding[-1] == "A1")
-    d_first = threading.Thread(target=hold, args=("D0", "D"))
-    release["D0"] = threading.Event()
-    d_first.start()
-    wait_for(lambda: gate.waiting() == 1)
-    d_late = threading.Thread(target=wait, args=("d-late", "D", 0.5))
-    d_late.start()
-    wait_for(lambda: gate.waiting() == 2)
-    release["A1"].set()
-    wait_for(lambda: holding[-1] == "D0")  # D's first request took the gate from A
-    d_late.join(5)
-    assert turns["d-late"] == Turn(False, behind_own=True)
-    release["D0"].set()
-    third.join(5)
-    d_first.join(5)
-    assert gate.waiting() == 0
+
+def test_an_own_turn_granted_during_the_wait_and_held_past_it_is_the_waiter_s_backlog() -> None:
+    """D0 and D1 wait behind X; X ends at once, D0 takes the gate and holds it past D1's
+    deadline: D1 is late because of its own key."""
+    gate = FairGate()
+    run = Holders(gate)
+    run.hold("X0", "X")
+    wait_for(lambda: run.holding == ["X0"])
+    run.hold("D0", "D")
+    run.wait("D1", "D", 1.0)
+    run.release["X0"].set()
+    wait_for(lambda: run.holding == ["X0", "D0"])
+    wait_for(lambda: "D1" in run.turns)
+    assert run.turns["D1"] == Turn(False, behind_own=True)
+    run.finish()
 
 
 def test_every_call_runs_on_one_thread_whoever_calls() -> None:

@@ -100,3 +100,18 @@ def test_a_late_request_says_whether_its_own_tenant_s_requests_held_the_worker(
     assert reply.results[0].error == error
     # A tenant named like the batches' key still waits under a key of its own.
     assert gate.keys == [BATCH_KEY if batched else ("tenant", "adaptive-batch")]
+
+
+def test_an_unbatched_call_of_several_tenants_waits_under_no_tenant_s_key() -> None:
+    """The gateway sends one request per unbatched call; were it ever to send several
+    tenants' at once, none of them would be told the others' backlog was its own."""
+    item = WorkItem(charge_id=1, model="m", variant="v", sentences=["A."], epsilon=1.0, p=1)
+    requests = [
+        WorkRequest(request_id=f"u{n}", tenant=tenant, deadline=100.0, items=[item])
+        for n, tenant in enumerate(("t1", "t2"))
+    ]
+    gate = Closed(behind_own=True)
+    worker = SimpleNamespace(gate=gate, _run=lambda r, k: Worker.inner._run(worker, r, k))
+    replies = Worker.inner.privatize_unbatched.func(worker, requests)
+    assert gate.keys == [BATCH_KEY]
+    assert [reply.results[0].error for reply in replies] == [LATE_ERROR, LATE_ERROR]
