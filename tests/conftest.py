@@ -78,15 +78,13 @@ def cube_bundle_tag(quick_bundle_tag: str) -> str:
     :func:`training.vote_calibration.calibrated` (a scale and an offset per class, fixed here
     rather than fitted, so the draw is far from the uncalibrated cube's), format version 7:
     the served path of the calibrated votes validation picks on clothing reviews."""
-    import numpy as np
 
+    from tests.support import cube_calibration
     from training.store import load_from_store, save_to_store
     from training.vote_calibration import calibrated
 
     bundle = load_from_store(quick_bundle_tag)
-    classes = len(bundle.labels)
-    scale, offset = np.linspace(0.5, 2.0, classes), np.linspace(1.5, -1.5, classes)
-    votes = tuple(calibrated(vote, scale, offset) for vote in bundle.votes)
+    votes = tuple(calibrated(vote, *cube_calibration(vote)) for vote in bundle.votes)
     manifest = bundle.manifest.model_copy(
         update={
             "format_version": max(7, bundle.manifest.format_version),

@@ -18,13 +18,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psutil
 
 from service.ledger import SqlLedger, open_ledger
 from service.tenants import Tenant, TenantsFile, hash_key
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from sentdp.labels import SentenceVote
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout (bentoml serve runs from here)
 BENTOML = Path(sys.executable).parent / "bentoml"
@@ -271,3 +276,16 @@ def read_journal(path: Path) -> set[int]:
 
 def dump(data: object) -> str:
     return json.dumps(data)
+
+
+def cube_calibration(vote: SentenceVote) -> tuple[np.ndarray, np.ndarray]:
+    """A scale and an offset per class for the ``cube_bundle_tag`` fixture: the logits of a
+    short sentence brought to a spread of a few units (a confident vote's would floor every
+    other class's cube vote to 0, calibrated or not), then scaled and shifted unevenly."""
+    import numpy as np
+
+    spread = 2 * np.linalg.norm(vote.weights, axis=1).max() + np.ptp(vote.bias)
+    if vote.word_weights is not None:
+        spread += 10 * np.abs(vote.word_weights).max()  # about ten words a sentence
+    classes = vote.classes
+    return np.linspace(0.5, 2.0, classes) * 4 / spread, np.linspace(1.0, -1.0, classes)

@@ -14,7 +14,7 @@ from scipy.stats import chisquare
 from sentdp.accounting import charge_for, epsilon_of_charge
 from sentdp.bundle import Bundle
 from service.tenants import Tenant, hash_key
-from tests.support import Server, client
+from tests.support import Server, client, cube_calibration
 from tests.support import draws_server as started_server
 from training.vote_calibration import calibrated
 
@@ -116,10 +116,10 @@ def test_a_calibrated_cube_vote_is_drawn_as_trained(
     assert bundle.manifest.choice_for(epsilon).label == "vote"
     vote = bundle.vote_for(epsilon)
     assert vote.shape == "cube"
-    # The same classifier voting in the cube without calibration (scale 1, offset 0).
+    # The same classifier voting in the cube with the scales but without the offsets.
     quick = Bundle.load(Path(bentoml.models.get(quick_bundle_tag).path)).vote_for(epsilon)
-    classes = len(bundle.labels)
-    plain = calibrated(quick, np.ones(classes), np.zeros(classes))
+    scale, _ = cube_calibration(quick)
+    plain = calibrated(quick, scale, np.zeros(len(bundle.labels)))  # scaled, not shifted
     run_at = epsilon_of_charge(charge_for(epsilon))
 
     def exact(of, sentence: str) -> np.ndarray:  # type: ignore[no-untyped-def]
