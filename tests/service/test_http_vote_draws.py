@@ -37,6 +37,27 @@ ACCEPT = 1e-5
 REJECT = 1e-12
 
 
+def voted_labels(
+    server: Server, tenant: str, sentence: str, epsilon: float, labels: list[str]
+) -> np.ndarray:
+    """How often each label came back from REQUESTS x DOCUMENTS /classify draws of the
+    one-sentence document ``sentence``, each by the vote."""
+    counts = dict.fromkeys(labels, 0)
+    with client(server, KEYS[tenant]) as http:
+        for n in range(REQUESTS):
+            body = {
+                "user": f"{tenant}-{n}",
+                "epsilon": epsilon,
+                "documents": [{"sentences": [sentence]}] * DOCUMENTS,
+            }
+            response = http.post("/classify", json=body)
+            assert response.status_code == 200, response.text
+            for document in response.json()["documents"]:
+                assert document["label_mechanism"] == "sentence-vote"
+                counts[document["label"]] += 1
+    return np.array([counts[label] for label in labels])
+
+
 @pytest.fixture(scope="module")
 def draws_server(quick_bundle_tag: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     folder = tmp_path_factory.mktemp("vote-draws")
@@ -72,22 +93,10 @@ def test_each_tenant_s_votes_follow_its_accountant_s_draw(
     sentence = max(CANDIDATES, key=lambda s: float(np.abs(exact(s, True) - exact(s, False)).sum()))
     bounded, own = exact(sentence, True), exact(sentence, False)
     assert np.abs(bounded - own).sum() > 0.15
-    observed = {}
-    for tenant in ("pure", "rho"):
-        counts = dict.fromkeys(bundle.labels, 0)
-        with client(draws_server, KEYS[tenant]) as http:
-            for n in range(REQUESTS):
-                body = {
-                    "user": f"{tenant}-{n}",
-                    "epsilon": epsilon,
-                    "documents": [{"sentences": [sentence]}] * DOCUMENTS,
-                }
-                response = http.post("/classify", json=body)
-                assert response.status_code == 200, response.text
-                for document in response.json()["documents"]:
-                    assert document["label_mechanism"] == "sentence-vote"
-                    counts[document["label"]] += 1
-        observed[tenant] = np.array([counts[label] for label in bundle.labels])
+    observed = {
+        tenant: voted_labels(draws_server, tenant, sentence, epsilon, bundle.labels)
+        for tenant in ("pure", "rho")
+    }
     total = DOCUMENTS * REQUESTS
     assert chisquare(observed["rho"], bounded * total).pvalue > ACCEPT
     assert chisquare(observed["rho"], own * total).pvalue < REJECT
@@ -128,20 +137,7 @@ def test_a_calibrated_cube_vote_is_drawn_as_trained(
     sentence = max(CANDIDATES, key=lambda s: float(np.abs(exact(vote, s) - exact(plain, s)).sum()))
     served, uncalibrated = exact(vote, sentence), exact(plain, sentence)
     assert np.abs(served - uncalibrated).sum() > 0.15
-    counts = dict.fromkeys(bundle.labels, 0)
-    with client(cube_server, KEYS["pure"]) as http:
-        for n in range(REQUESTS):
-            body = {
-                "user": f"cube-{n}",
-                "epsilon": epsilon,
-                "documents": [{"sentences": [sentence]}] * DOCUMENTS,
-            }
-            response = http.post("/classify", json=body)
-            assert response.status_code == 200, response.text
-            for document in response.json()["documents"]:
-                assert document["label_mechanism"] == "sentence-vote"
-                counts[document["label"]] += 1
-    observed = np.array([counts[label] for label in bundle.labels])
+    observed = voted_labels(cube_server, "pure", sentence, epsilon, bundle.labels)
     total = DOCUMENTS * REQUESTS
     assert chisquare(observed, served * total).pvalue > ACCEPT
     assert chisquare(observed, uncalibrated * total).pvalue < REJECT

@@ -156,35 +156,30 @@ def test_a_late_waiter_behind_its_own_key_for_most_of_its_wait_is_told_so() -> N
     run.finish()
 
 
-def test_a_brief_own_turn_does_not_blame_a_wait_spent_behind_another_key() -> None:
-    """A1 arrives while A0 holds the gate; A0 ends at once and B0 then holds it past A1's
-    deadline: A1 is late because of B, not of its own key."""
+@pytest.mark.parametrize(
+    ("first", "second", "expected"),
+    [
+        # A1 arrives while A holds the gate; A ends at once and B then holds it past A1's
+        # deadline: A1 is late because of B, not of its own key.
+        ("A", "B", False),
+        # A1 and A's second request wait behind B; B ends at once and A takes the gate and
+        # holds it past A1's deadline: A1 is late because of its own key.
+        ("B", "A", True),
+    ],
+)
+def test_a_late_waiter_is_blamed_on_whoever_held_the_gate_for_most_of_its_wait(
+    first: str, second: str, expected: bool
+) -> None:
     gate = FairGate()
     run = Holders(gate)
-    run.hold("A0", "A")
-    wait_for(lambda: run.holding == ["A0"])
-    run.hold("B0", "B")
+    run.hold("first", first)
+    wait_for(lambda: run.holding == ["first"])
+    run.hold("second", second)
     run.wait("A1", "A", 1.0)
-    run.release["A0"].set()
-    wait_for(lambda: run.holding == ["A0", "B0"])
+    run.release["first"].set()
+    wait_for(lambda: run.holding == ["first", "second"])
     wait_for(lambda: "A1" in run.turns)
-    assert run.turns["A1"] == Turn(False, behind_own=False)
-    run.finish()
-
-
-def test_an_own_turn_granted_during_the_wait_and_held_past_it_is_the_waiter_s_backlog() -> None:
-    """D0 and D1 wait behind X; X ends at once, D0 takes the gate and holds it past D1's
-    deadline: D1 is late because of its own key."""
-    gate = FairGate()
-    run = Holders(gate)
-    run.hold("X0", "X")
-    wait_for(lambda: run.holding == ["X0"])
-    run.hold("D0", "D")
-    run.wait("D1", "D", 1.0)
-    run.release["X0"].set()
-    wait_for(lambda: run.holding == ["X0", "D0"])
-    wait_for(lambda: "D1" in run.turns)
-    assert run.turns["D1"] == Turn(False, behind_own=True)
+    assert run.turns["A1"] == Turn(False, behind_own=expected)
     run.finish()
 
 
