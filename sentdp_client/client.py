@@ -5,11 +5,12 @@ never spends the user's budget twice: the server replays a finished request's st
 answers 409 while it is still running, and frees the key when nothing was sampled. Refusals
 become exceptions that carry the server's error code, message and extra fields.
 
-Retried (same key, exponential backoff): connection failures and timeouts, 429 (tenant busy,
-nothing charged), 409 (the same key still in flight), a 503 that released nothing (every
-charge refunded), and a proxy's 502/503/504 without sentdp's error body. Each is safe under
-one key: the server replays a finished request (a failure after sampling included), answers
-409 while it runs and frees the key only when nothing was sampled. Not retried: sentdp's own
+Retried (same key, exponential backoff, at least the server's ``Retry-After``): connection
+failures and timeouts, 429 (tenant busy: nothing charged, or everything refunded), 409 (the
+same key still in flight), a 503 that released nothing (every charge refunded), and a
+proxy's 502/503/504 without sentdp's error body. Each is safe under one key: the server
+replays a finished request (a failure after sampling included), answers 409 while it runs
+and frees the key only when nothing was sampled. Not retried: sentdp's own
 500 ``mechanism_failed`` and 502 ``worker_response_lost`` (replaying them would only return
 them again; the charge stands) and every 4xx that a retry cannot fix. Every exception carries
 the request's ``idempotency_key``: retry later with it to get the stored answer, never pay
@@ -194,7 +195,8 @@ class Client:
     """Synchronous sentdp client. One instance per API key; safe to share between threads.
 
     ``retries`` is how many times a retryable failure is tried again (with the same key),
-    waiting ``backoff`` seconds, doubled each time (capped at 10 s). ``timeout`` is above the
+    waiting ``backoff`` seconds, doubled each time (capped at 10 s), or the server's
+    ``Retry-After`` when that is longer (up to 60 s). ``timeout`` is above the
     server's own request timeout (150 s by default) and a proxy's (180 s in deploy/), so a
     slow answer is waited for rather than retried.
     """
@@ -293,6 +295,7 @@ class Client:
         headers = {"Idempotency-Key": key} if key else {}
         attempt = 0
         while True:
+            asked = 0.0
             try:
                 response = self._http.post(path, json=body, headers=headers)
             except httpx.TransportError as failed:
@@ -304,7 +307,8 @@ class Client:
                 error = _error(response, key)
                 if attempt >= self.retries or not _retryable(error):
                     raise error
-            time.sleep(min(self.backoff * 2**attempt, 10.0))
+                asked = _retry_after(response)
+            time.sleep(max(min(self.backoff * 2**attempt, 10.0), asked))
             attempt += 1
 
 
@@ -313,6 +317,19 @@ def _transport_error(failed: httpx.TransportError, key: str | None) -> SentDPErr
     if isinstance(failed, httpx.ConnectError | httpx.ConnectTimeout):
         return UnavailableError(0, "connection_failed", str(failed), {}, key)
     return OutcomeUnknownError(0, "no_answer", str(failed), {}, key)
+
+
+MAX_RETRY_AFTER = 60.0
+"""The longest ``Retry-After`` the client honours (seconds); a longer one is cut to this."""
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """The seconds a ``Retry-After: <seconds>`` header asks for (0 without one, or with a
+    date, which sentdp never sends)."""
+    try:
+        return min(max(float(response.headers.get("retry-after", "0")), 0.0), MAX_RETRY_AFTER)
+    except ValueError:
+        return 0.0
 
 
 PROXY_ERRORS = frozenset({502, 503, 504})
