@@ -19,6 +19,7 @@ twice.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -327,9 +328,12 @@ def _retry_after(response: httpx.Response) -> float:
     """The seconds a ``Retry-After: <seconds>`` header asks for (0 without one, or with a
     date, which sentdp never sends)."""
     try:
-        return min(max(float(response.headers.get("retry-after", "0")), 0.0), MAX_RETRY_AFTER)
+        seconds = float(response.headers.get("retry-after", "0"))
     except ValueError:
         return 0.0
+    if math.isnan(seconds):
+        return 0.0
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
 
 
 PROXY_ERRORS = frozenset({502, 503, 504})

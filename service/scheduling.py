@@ -8,8 +8,8 @@ The worker's encoder uses every core, so running two batches at once only makes 
 served least recently goes next (first come, first served within a key). Unbatched calls
 (large requests) wait under their tenant's key and adaptive batches under one shared key, so
 a tenant flooding large requests delays another tenant's request by at most one computation.
-A waiter that gives up at its deadline learns whether its own key held the gate for most of its
-wait: then it is late because of its own backlog, not other keys' work.
+A waiter that gives up at its deadline learns whether its own key held the gate for at least
+half of its wait: then it is late because of its own backlog, not other keys' work.
 :class:`ComputeThread` runs those computations, and the encoder's start-up, on one thread.
 """
 
@@ -39,7 +39,8 @@ class Turn:
     """The gate is held for the body of ``with``; False: the deadline came first."""
     behind_own: bool = False
     """Not granted, and the same key held the gate for at least half of this waiter's wait:
-    its own earlier work (served first within the key) is mostly why it is late."""
+    its own earlier work (served first within the key) is why it is late. A waiter already
+    past its deadline on arrival waited for nothing and is never told so."""
 
 
 class FairGate:
@@ -65,6 +66,7 @@ class FairGate:
             ticket = (key, next(self._tickets))
             arrived = time.monotonic()
             own_before = self._held_by(key, arrived)
+            late_on_arrival = deadline is not None and deadline <= time.time()
             self._waiting.append(ticket)
             granted = self._wait(ticket, deadline)
             self._waiting.remove(ticket)
@@ -76,7 +78,7 @@ class FairGate:
             else:
                 ended = time.monotonic()
                 own = self._held_by(key, ended) - own_before
-                behind_own = own >= (ended - arrived) / 2
+                behind_own = not late_on_arrival and own > 0 and own >= (ended - arrived) / 2
                 self._condition.notify_all()  # the next waiter may be up now
         if not granted:
             yield Turn(False, behind_own)

@@ -118,22 +118,25 @@ def test_connection_failures_and_429_are_retried_with_one_key() -> None:
 
 def test_a_retry_waits_at_least_what_the_server_asks(monkeypatch: pytest.MonkeyPatch) -> None:
     """429 with ``Retry-After: 1`` (sentdp's tenant_busy): the client waits 1 s, not its
-    shorter backoff; a longer backoff stands; an absurd header is cut to 60 s."""
+    shorter backoff; a longer backoff stands; an absurd header is cut to 60 s, and one that
+    is not a number of seconds is ignored."""
     import sentdp_client.client as module
 
     slept: list[float] = []
     monkeypatch.setattr(module.time, "sleep", slept.append)
-    answers = iter(["1", "1", "86400", "soon"])
+    answers = iter(["1", "1", "86400", "soon", "nan", "1"])
 
     def handler(request: httpx.Request) -> httpx.Response:
         body = {"error": {"code": "tenant_busy", "message": "busy"}}
         return httpx.Response(429, json=body, headers={"Retry-After": next(answers)})
 
     transport = httpx.MockTransport(handler)
-    sentdp = Client("http://sentdp", "key", retries=3, backoff=0.5, transport=transport)
+    sentdp = Client("http://sentdp", "key", retries=5, backoff=0.5, transport=transport)
     with sentdp, pytest.raises(UnavailableError):
         sentdp.privatize("u", 1.0, ["A. B."])
-    assert slept == [1.0, 1.0, 60.0]  # backoffs 0.5, 1.0, 2.0; the last 429 is not retried
+    # backoffs 0.5, 1, 2, 4, 8; a date-like or NaN header counts as none; the last 429 is
+    # not retried
+    assert slept == [1.0, 1.0, 60.0, 4.0, 8.0]
 
 
 def test_a_proxy_timeout_is_retried_under_one_key_then_reported_with_it() -> None:

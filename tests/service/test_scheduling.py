@@ -150,9 +150,11 @@ def test_a_late_waiter_behind_its_own_key_for_most_of_its_wait_is_told_so() -> N
     wait_for(lambda: run.holding == ["A0"])
     run.wait("A-late", "A", 0.3)
     run.wait("B-late", "B", 0.3)
-    wait_for(lambda: len(run.turns) == 2)
+    run.wait("A-past", "A", -1.0)
+    wait_for(lambda: len(run.turns) == 3)
     assert run.turns["A-late"] == Turn(False, behind_own=True)  # A held it all along
     assert run.turns["B-late"] == Turn(False, behind_own=False)  # another key's work only
+    assert run.turns["A-past"] == Turn(False, behind_own=False)  # late on arrival: no wait
     run.finish()
 
 
