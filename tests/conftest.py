@@ -78,7 +78,6 @@ def cube_bundle_tag(quick_bundle_tag: str) -> str:
     :func:`training.vote_calibration.calibrated` (a scale and an offset per class, fixed here
     rather than fitted, so the draw is far from the uncalibrated cube's), format version 7:
     the served path of the calibrated votes validation picks on clothing reviews."""
-
     from tests.support import cube_calibration
     from training.store import load_from_store, save_to_store
     from training.vote_calibration import calibrated

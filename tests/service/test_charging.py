@@ -501,7 +501,9 @@ def test_the_log_holds_no_request_text(
     marker = "Zanzibar-marker-sentence"
     worker = FakeWorker(BUNDLE, mode="after")
     flow = charging(ledger, worker)
-    failing = request(user="u-marker", idempotency_key="k-log", documents=[{"text": marker}])
+    failing = request(
+        user="u-marker", idempotency_key="k-log", documents=[{"text": f"{marker}. Second one."}]
+    )
     run(flow, failing)
     run(flow, failing)  # replayed from the stored error
     run(flow, request(user="u-marker", epsilon=50.0, documents=[{"text": marker}]))

@@ -78,6 +78,13 @@ def test_an_empty_request_never_extends_the_wait_of_the_users_it_is_batched_with
     assert replies[1].results[0].sampled is False  # not started: refunded, nothing drawn
 
 
+def call_endpoint(name: str, gate: Closed, requests: list[WorkRequest]) -> list[WorkReply]:
+    """The worker API ``name``'s own function on a worker holding only ``gate``."""
+    worker = SimpleNamespace(gate=gate, _run=lambda r, k: Worker.inner._run(worker, r, k))
+    replies: list[WorkReply] = Worker.apis[name].func(worker, requests)
+    return replies
+
+
 @pytest.mark.parametrize(
     ("batched", "behind_own", "error"),
     [
@@ -92,10 +99,7 @@ def test_a_late_request_says_whether_its_own_tenant_s_requests_held_the_worker(
     item = WorkItem(charge_id=1, model="m", variant="v", sentences=["A."], epsilon=1.0, p=1)
     user = WorkRequest(request_id="u", tenant="adaptive-batch", deadline=100.0, items=[item])
     gate = Closed(behind_own)
-    worker = SimpleNamespace(gate=gate, _run=lambda r, k: Worker.inner._run(worker, r, k))
-    api = Worker.inner.privatize if batched else Worker.inner.privatize_unbatched
-    endpoint = api.func
-    (reply,) = endpoint(worker, [user])
+    (reply,) = call_endpoint("privatize" if batched else "privatize_unbatched", gate, [user])
     assert reply.results[0].sampled is False
     assert reply.results[0].error == error
     # A tenant named like the batches' key still waits under a key of its own.
@@ -111,7 +115,6 @@ def test_an_unbatched_call_of_several_tenants_waits_under_no_tenant_s_key() -> N
         for n, tenant in enumerate(("t1", "t2"))
     ]
     gate = Closed(behind_own=True)
-    worker = SimpleNamespace(gate=gate, _run=lambda r, k: Worker.inner._run(worker, r, k))
-    replies = Worker.inner.privatize_unbatched.func(worker, requests)
+    replies = call_endpoint("privatize_unbatched", gate, requests)
     assert gate.keys == [BATCH_KEY]
     assert [reply.results[0].error for reply in replies] == [LATE_ERROR, LATE_ERROR]
