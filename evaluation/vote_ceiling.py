@@ -21,20 +21,19 @@ Run: ``.venv/bin/python -m evaluation.vote_ceiling TAG [TAG ...]``.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from evaluation.experiment import embedded_corpus
+from evaluation.tables import bundles, print_table, tag_parser
 from evaluation.vote_selection import split_documents
 from sentdp.bundle import Bundle
 from sentdp.labels import VOTE_UNITS, vote_probabilities
 from training.classifiers import macro_f1
 from training.p_selection import DEFAULT_EPSILONS, soft_macro_f1
 from training.settings import load_settings
-from training.store import load_from_store
 
 
 def unanimous_macro_f1(
@@ -89,23 +88,26 @@ def ceilings(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m evaluation.vote_ceiling")
-    parser.add_argument("tags", nargs="+", metavar="TAG", help="bundles in the model store")
-    args = parser.parse_args()
-    for tag in args.tags:
-        bundle = load_from_store(tag)
-        print(f"\n{bundle.manifest.name}")
-        print(
-            "| split | ε | true class | non-private label (C_nonpriv alone) "
-            "| tally's label (the tally alone) |"
-        )
-        print("|---|---|---|---|---|")
-        for split, epsilon, *scores in ceilings(bundle, DEFAULT_EPSILONS):
-            true, agreed, nonprivate, led, tally = scores
-            print(
-                f"| {split} | {epsilon:g} | {true:.3f} | {agreed:.3f} ({nonprivate:.3f}) "
-                f"| {led:.3f} ({tally:.3f}) |"
-            )
+    args = tag_parser("python -m evaluation.vote_ceiling").parse_args()
+    header = [
+        "split",
+        "ε",
+        "true class",
+        "non-private label (C_nonpriv alone)",
+        "tally's label (the tally alone)",
+    ]
+    for bundle in bundles(args.tags):
+        rows = [
+            [
+                split,
+                f"{eps:g}",
+                f"{true:.3f}",
+                f"{agreed:.3f} ({nonpriv:.3f})",
+                f"{led:.3f} ({tally:.3f})",
+            ]
+            for split, eps, true, agreed, nonpriv, led, tally in ceilings(bundle, DEFAULT_EPSILONS)
+        ]
+        print_table(bundle.manifest.name, header, rows)
 
 
 if __name__ == "__main__":

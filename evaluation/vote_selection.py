@@ -11,7 +11,6 @@ the bundle's, so only the selection differs (whichever rule the bundle itself ru
 
 from __future__ import annotations
 
-import argparse
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -20,11 +19,11 @@ import numpy as np
 import numpy.typing as npt
 
 from evaluation.experiment import embedded_corpus
+from evaluation.tables import bundles, print_table, tag_parser
 from sentdp.bundle import Bundle
 from sentdp.labels import exponential_vote_log_probs, vote_log_probs
 from training.p_selection import DEFAULT_EPSILONS, soft_macro_f1
 from training.settings import load_settings
-from training.store import load_from_store
 
 
 def exponential_probs(deviations: npt.NDArray[np.int64], epsilon: float) -> npt.NDArray[np.float64]:
@@ -98,23 +97,27 @@ def compare(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m evaluation.vote_selection")
-    parser.add_argument("tags", nargs="+", metavar="TAG", help="bundles in the model store")
+    parser = tag_parser("python -m evaluation.vote_selection")
     parser.add_argument(
         "--short", action="store_true", help="also score the corpus's one-sentence documents"
     )
     args = parser.parse_args()
-    for tag in args.tags:
-        bundle = load_from_store(tag)
-        print(f"\n{bundle.manifest.name} ({bundle.vote.classes if bundle.vote else 0} classes)")
-        print(
-            "| split | ε | exponential mechanism | permute-and-flip "
-            "| by sentence count (a cube vote: as drawn, permute-and-flip) |"
-        )
-        print("|---|---|---|---|---|")
-        rows = compare(bundle, DEFAULT_EPSILONS, short=args.short)
-        for split, epsilon, exponential, flip, count in rows:
-            print(f"| {split} | {epsilon:g} | {exponential:.3f} | {flip:.3f} | {count:.3f} |")
+    header = [
+        "split",
+        "ε",
+        "exponential mechanism",
+        "permute-and-flip",
+        "by sentence count (a cube vote: as drawn, permute-and-flip)",
+    ]
+    for bundle in bundles(args.tags):
+        rows = [
+            [split, f"{epsilon:g}", f"{exponential:.3f}", f"{flip:.3f}", f"{count:.3f}"]
+            for split, epsilon, exponential, flip, count in compare(
+                bundle, DEFAULT_EPSILONS, short=args.short
+            )
+        ]
+        classes = bundle.vote.classes if bundle.vote else 0
+        print_table(f"{bundle.manifest.name} ({classes} classes)", header, rows)
 
 
 if __name__ == "__main__":

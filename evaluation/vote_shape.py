@@ -17,18 +17,17 @@ no sampling noise.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 
 import numpy as np
 
 from evaluation.experiment import embedded_corpus
+from evaluation.tables import bundles, print_table, tag_parser
 from evaluation.vote_selection import split_documents
 from sentdp.bundle import Bundle
 from sentdp.labels import VOTE_SHAPES
 from training.p_selection import DEFAULT_EPSILONS, soft_macro_f1
 from training.settings import load_settings
-from training.store import load_from_store
 
 SHAPES = VOTE_SHAPES
 FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -77,19 +76,20 @@ def chosen(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m evaluation.vote_shape")
-    parser.add_argument("tags", nargs="+", metavar="TAG", help="bundles in the model store")
-    args = parser.parse_args()
-    for tag in args.tags:
-        bundle = load_from_store(tag)
+    args = tag_parser("python -m evaluation.vote_shape").parse_args()
+    header = ["ε", "simplex: factor, validation, test", "cube: factor, validation, test"]
+    for bundle in bundles(args.tags):
         scores = compare_shapes(bundle)
-        print(f"\n{bundle.manifest.name} ({bundle.votes[0].classes} classes; vote 0)")
-        print("| ε | simplex: factor, validation, test | cube: factor, validation, test |")
-        print("|---|---|---|")
-        for epsilon in DEFAULT_EPSILONS:
-            cells = [chosen(scores, shape, epsilon) for shape in SHAPES]
-            text = " | ".join(f"x{f:g}, {v:.3f}, {t:.3f}" for f, v, t in cells)
-            print(f"| {epsilon:g} | {text} |")
+        rows = [
+            [f"{epsilon:g}"]
+            + [
+                f"x{f:g}, {v:.3f}, {t:.3f}"
+                for f, v, t in (chosen(scores, s, epsilon) for s in SHAPES)
+            ]
+            for epsilon in DEFAULT_EPSILONS
+        ]
+        title = f"{bundle.manifest.name} ({bundle.votes[0].classes} classes; vote 0)"
+        print_table(title, header, rows)
 
 
 if __name__ == "__main__":

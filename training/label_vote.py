@@ -313,8 +313,9 @@ def _calibrated(
 
 class _Families:
     """Fits the families of per-sentence classifier on any subset of the training documents
-    (all of them for the votes, all but one fold for the out-of-fold logits), with one public
-    vocabulary for the word classifiers (fitted on the training sentences)."""
+    (all of them for the votes, all but one fold for the out-of-fold logits). A word
+    classifier's vocabulary and idf come from the sentences it is fitted on, so a fold's fit
+    knows nothing of the fold it scores."""
 
     def __init__(
         self,
@@ -327,12 +328,23 @@ class _Families:
         self.embeddings, self.y, self.seed, self.texts = embeddings, y, seed, texts
         self.flat = None if texts is None else _aligned_sentences(embeddings, texts)
         self.words: WordFeatures | None = None
+        self._vocabularies: dict[tuple[int, ...], WordFeatures] = {}
         if self.flat is not None:
-            rows, _ = self.sentences(train)
             try:  # none where no word recurs (text without word characters or spaces)
-                self.words = fit_word_features(list(self.flat[rows]))
+                self.words = self.vocabulary(train)
             except InputError:
                 self.words = None
+
+    def vocabulary(self, documents: Sequence[int]) -> WordFeatures:
+        """The word features fitted on ``documents``' sentences (those the word classifier
+        is fitted on), computed once per set of documents."""
+        if self.flat is None:
+            raise InternalError("these documents have no texts to fit word features on")
+        key = tuple(int(i) for i in documents)  # in order: the sentence sample depends on it
+        if key not in self._vocabularies:
+            rows, _ = self.sentences(key)
+            self._vocabularies[key] = fit_word_features(list(self.flat[rows]))
+        return self._vocabularies[key]
 
     def sentences(
         self, documents: Sequence[int]
@@ -369,18 +381,19 @@ class _Families:
 
     def word_vote(self, strength: float, documents: Sequence[int]) -> SentenceVote:
         """The word classifier alone (zero embedding weights) at C = ``strength``, fitted on
-        the documents' sentences' TF-IDF vectors."""
+        the documents' sentences' TF-IDF vectors over their own vocabulary."""
         from sklearn.linear_model import LogisticRegression
 
         if self.words is None or self.flat is None:
             raise InternalError("no word features were fitted for these documents")
+        words = self.vocabulary(documents)
         rows, labels = self.sentences(documents)
         model = LogisticRegression(C=strength, max_iter=1000, random_state=self.seed)
-        model.fit(self.words.matrix(list(self.flat[rows])), labels)
+        model.fit(words.matrix(list(self.flat[rows])), labels)
         assert list(model.classes_) == list(range(len(model.classes_)))
         fitted = _as_vote(model.coef_, model.intercept_)
         zero = np.zeros((fitted.classes, self.embeddings.vectors.shape[1]))
-        return SentenceVote(zero, fitted.bias, fitted.weights, self.words)
+        return SentenceVote(zero, fitted.bias, fitted.weights, words)
 
     def fitter(
         self, family: str, strength: float, word_strength: float | None

@@ -192,3 +192,38 @@ def test_training_scores_each_calibrated_vote_as_it_is_drawn(
         for epsilon in (1.0, 3.0):
             expected = vote_macro_f1(fit.vote, documents, truth, epsilon)
             assert fit.validation_macro_f1[f"{epsilon:g}"] == pytest.approx(expected, abs=0)
+
+
+def test_a_folds_word_vote_knows_no_word_of_the_fold_it_scores() -> None:
+    """Each document has a word of its own (used in two of its sentences, so it enters a
+    vocabulary), and every document the word "shared". The vocabulary of the votes is fitted
+    on all training sentences; a fold's fit must use only its own documents' words, or the
+    out-of-fold logits would see words, and idf, from the documents they score."""
+    embeddings, y, _ = uneven_corpus()
+    counts = np.diff(embeddings.offsets)
+    texts = [
+        [f"shared own{i} text" if s < 2 else "shared filler" for s in range(int(n))]
+        for i, n in enumerate(counts)
+    ]
+    train = list(range(0, 120, 2))
+    families = label_vote_module._Families(embeddings, y, 0, texts, train)
+    assert families.words is not None
+    assert {f"own{i}" for i in train} <= set(families.words.vocabulary)
+    fitted: list[tuple[set[int], SentenceVote]] = []
+    fit = families.fitter("words", 1.0, 1.0)
+
+    def fit_on(documents: Sequence[int]) -> SentenceVote:
+        vote = fit(documents)
+        fitted.append((set(documents), vote))
+        return vote
+
+    fold = out_of_fold_logits(fit_on, embeddings, y, train, 0, texts)
+    assert len(fitted) == FOLDS
+    for documents, vote in fitted:
+        assert vote.words is not None
+        own = {w for w in vote.words.vocabulary if w.startswith("own")}
+        assert own == {f"own{i}" for i in documents}  # its own documents' words, and no other
+        assert vote.words.idf[vote.words.vocabulary.index("shared")] == 1.0  # in every sentence
+    assert fold.logits.shape == (int(counts[train].sum()), 3)
+    full = families.fitter("words", 1.0, 1.0)(train)
+    assert full.words is families.words  # the votes themselves keep the whole vocabulary
