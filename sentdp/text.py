@@ -37,6 +37,7 @@ from sentdp.errors import InputError, LimitError
 
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n")
 _SPACE = re.compile(r"\s+")
+_NON_SPACE = re.compile(r"\S")
 
 
 @dataclass(frozen=True)
@@ -131,14 +132,24 @@ def segment_spans(paragraph: str) -> Iterator[tuple[int, int]]:
 def paragraph_spans(
     text: str, segment: Callable[[str], Iterable[tuple[int, int]]]
 ) -> Iterator[tuple[int, int]]:
-    """Spans in ``text`` of ``segment``'s spans within each paragraph (cut at blank lines)."""
-    start = 0
-    for match in [*_PARAGRAPH_BREAK.finditer(text), None]:
+    """Spans in ``text`` of ``segment``'s spans within each paragraph (cut at blank lines).
+
+    Paragraphs of whitespace alone are skipped, not visited (they hold no segment), and each
+    paragraph starts at its first non-space character (``segment`` strips leading space
+    anyway). A break cannot contain that character, so the breaks found from there are the
+    ones a scan from the start of the text finds: the spans are the same, and the work
+    done per paragraph is bounded by the segments it yields, however many blank lines an
+    input holds."""
+    position = 0
+    while (first := _NON_SPACE.search(text, position)) is not None:
+        start = first.start()
+        match = _PARAGRAPH_BREAK.search(text, start)
         end = len(text) if match is None else match.start()
         for left, right in segment(text[start:end]):
             yield start + left, start + right
-        if match is not None:
-            start = match.end()
+        if match is None:
+            return
+        position = match.end()
 
 
 class Tokenizer(Protocol):
@@ -182,10 +193,24 @@ def _check_count(count: int, limits: TextLimits) -> None:
 
 
 def split_document(text: str, splitter: Tokenizer, limits: TextLimits) -> list[str]:
-    """Split raw text into cleaned sentences, enforcing the limits."""
+    """Split raw text into cleaned sentences, enforcing the limits. sentdp's own splitter is
+    read lazily and stops one sentence past the limit, so a refused document costs no more
+    than the largest accepted one."""
     if not isinstance(text, str):
         raise InputError(f"a document must be a string, got {type(text).__name__}")
-    sentences = [cleaned for s in splitter.tokenize(text) if (cleaned := _clean(s, limits))]
+    pieces: Iterable[str] = (
+        (text[left:right] for left, right in splitter.span_tokenize(text))
+        if isinstance(splitter, SentenceSplitter)
+        else splitter.tokenize(text)
+    )
+    sentences: list[str] = []
+    for piece in pieces:
+        if cleaned := _clean(piece, limits):
+            sentences.append(cleaned)
+            if len(sentences) > limits.max_sentences:
+                raise LimitError(
+                    f"the document has more than {limits.max_sentences} sentences, the limit"
+                )
     _check_count(len(sentences), limits)
     return sentences
 

@@ -25,6 +25,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,7 +48,7 @@ from service.ledger import (
 )
 from service.logs import log_event, logger
 from service.metrics import metric
-from service.scheduling import TenantLoad
+from service.scheduling import TenantChecks, TenantLoad
 from service.schemas import (
     BACKLOG_ERROR,
     DocumentIn,
@@ -77,6 +78,9 @@ from service.views import (
 
 MECHANISM = "deepcandidate"
 VOTE_MECHANISM = "sentence-vote"
+CHECK_THREADS = 8
+"""Threads that check requests (split, tokenize, sign) in a gateway process, shared by all
+tenants; each tenant uses at most ``Limits.tenant_checks`` of them at once."""
 
 
 ROW_TOKENS = 1
@@ -194,6 +198,10 @@ class Charging:
         self.signer = signer
         self.cost = cost
         self.load = TenantLoad(limits.tenant_inflight_tokens)
+        self.checks = TenantChecks(limits.tenant_checks, limits.tenant_checks_waiting)
+        # Not asyncio's default pool, which the ledger's calls use: a queue of checks there
+        # would hold every tenant's reservations back.
+        self._checkers = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="sentdp-check")
         self.splitter = SentenceSplitter()
         self.slack = {v.record.name: privacy_slack(v.record.candidates) for v in bundle.variants}
         self.vote_slack = 0.0 if bundle.vote is None else vote_slack(bundle.vote.classes)
@@ -202,7 +210,7 @@ class Charging:
         """Run one request to its reply; every refusal becomes an error reply."""
         started = time.perf_counter()
         try:
-            admission = await asyncio.to_thread(self.validate, request)  # splitting is CPU work
+            admission = await self._checked(request)
             reply = await self._admitted(request, admission)
         except ApiError as error:
             reply = Reply.of(error)
@@ -220,6 +228,36 @@ class Charging:
             seconds=round(seconds, 4),
         )
         return reply
+
+    async def _checked(self, request: ChargedRequest) -> Admission:
+        """:meth:`validate` on the checking threads, within the tenant's share of them (429
+        when its queue is full, before any work)."""
+        tenant = request.tenant.id
+        if not self.checks.try_enter(tenant):
+            metric("busy").labels(tenant).inc()
+            raise ApiError(
+                Code.TENANT_BUSY,
+                f"this tenant has {self.checks.in_queue(tenant)} requests waiting to be "
+                "checked; retry when earlier requests have finished",
+                headers={"Retry-After": "1"},
+            )
+        try:
+            await self.checks.acquire(tenant)
+        except BaseException:
+            self.checks.leave(tenant, held=False)
+            raise
+        loop = asyncio.get_running_loop()
+        try:
+            running = self._checkers.submit(self.validate, request)
+        except BaseException:
+            self.checks.leave(tenant, held=True)
+            raise
+        # The slot comes back when the check has run (or was cancelled before it started),
+        # not when this coroutine stops waiting for it.
+        running.add_done_callback(
+            lambda _: loop.call_soon_threadsafe(self.checks.leave, tenant, True)
+        )
+        return await asyncio.wrap_future(running)
 
     async def _admitted(self, request: ChargedRequest, admission: Admission) -> Reply:
         """Reserve, run and settle while the request counts against its tenant's load."""

@@ -113,6 +113,8 @@ class Gateway:
             self.settings.max_request_tokens,
             self.settings.tenant_inflight_tokens,
             self.settings.worker_start_timeout_ms / 1000,
+            self.settings.tenant_checks,
+            self.settings.tenant_checks_waiting,
         )
         counter = TokenCounter(bundle.encoder_dir, int(bundle.manifest.encoder["max_tokens"]))
         signer = load_signer(self.settings.idempotency_secret_file, self.ledger)

@@ -1,7 +1,9 @@
 """Sharing the worker between tenants: bounded work in flight, and turns at the encoder.
 
 A gateway process admits at most a fixed number of sentences in flight per tenant
-(:class:`TenantLoad`; more is refused with 429 before anything is charged).
+(:class:`TenantLoad`; more is refused with 429 before anything is charged), and checks
+(splits, tokenizes, signs) at most a few of a tenant's requests at once, with a bounded queue
+(:class:`TenantChecks`): checking is CPU work done before a request is charged or counted.
 
 The worker's encoder uses every core, so running two batches at once only makes both late.
 :class:`FairGate` lets one computation run at a time; when it ends, the waiter whose key was
@@ -15,6 +17,7 @@ half of its wait: then it is late because of its own backlog, not other keys' wo
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
@@ -159,3 +162,49 @@ class TenantLoad:
             self._inflight[tenant] = left
         else:
             self._inflight.pop(tenant, None)
+
+
+class TenantChecks:
+    """Requests each tenant has being checked in this process: at most ``running`` at once,
+    at most ``waiting`` more queued, beyond that refused (one event loop: no lock). A
+    check's slot is given back only when its computation has ended, even if the request
+    that started it is gone, so cancelling requests frees no CPU for more."""
+
+    def __init__(self, running: int, waiting: int) -> None:
+        if running < 1 or waiting < 0:
+            raise ValueError(f"checks need running >= 1 and waiting >= 0, got {running}, {waiting}")
+        self.running = running
+        self.waiting = waiting
+        self._present: dict[str, int] = {}
+        self._slots: dict[str, asyncio.Semaphore] = {}
+
+    def try_enter(self, tenant: str) -> bool:
+        """Count one more of ``tenant``'s requests in, unless its queue is full."""
+        present = self._present.get(tenant, 0)
+        if present >= self.running + self.waiting:
+            return False
+        self._present[tenant] = present + 1
+        return True
+
+    async def acquire(self, tenant: str) -> None:
+        """Wait for a running slot (after :meth:`try_enter`); if cancelled meanwhile, the
+        caller still calls :meth:`leave` with ``held=False``."""
+        slots = self._slots.get(tenant)
+        if slots is None:
+            slots = self._slots[tenant] = asyncio.Semaphore(self.running)
+        await slots.acquire()
+
+    def leave(self, tenant: str, held: bool) -> None:
+        """Count the request out, giving back its running slot if it ``held`` one."""
+        if held:
+            self._slots[tenant].release()
+        left = self._present.get(tenant, 0) - 1
+        if left > 0:
+            self._present[tenant] = left
+        else:
+            self._present.pop(tenant, None)
+            self._slots.pop(tenant, None)
+
+    def in_queue(self, tenant: str) -> int:
+        """The tenant's requests being checked or waiting to be."""
+        return self._present.get(tenant, 0)

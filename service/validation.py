@@ -32,6 +32,10 @@ class Limits:
     with 429 before anything is charged."""
     start_timeout: float = 30.0
     """Seconds a request may wait for the worker; one not started by then is refunded."""
+    tenant_checks: int = 1
+    """A tenant's requests checked (split, tokenized, signed) at once in this process."""
+    tenant_checks_waiting: int = 64
+    """A tenant's requests that may wait to be checked; more is refused with 429."""
 
 
 def finite_epsilon(epsilon: float) -> float:

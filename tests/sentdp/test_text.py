@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import random
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sentdp.errors import InputError, LimitError
-from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
+from sentdp.text import (
+    SentenceSplitter,
+    TextLimits,
+    paragraph_spans,
+    prepare_sentences,
+    segment_spans,
+    split_document,
+)
 
 GOLD = Path(__file__).parent.parent / "data" / "splitter_gold.jsonl"
 
@@ -54,7 +64,7 @@ def test_long_sentences_are_truncated_and_whitespace_collapsed(splitter: Sentenc
 
 def test_too_many_sentences_raise_a_limit_error(splitter: SentenceSplitter) -> None:
     limits = TextLimits(max_sentences=3)
-    with pytest.raises(LimitError, match="4 sentences, more than the limit of 3"):
+    with pytest.raises(LimitError, match="more than 3 sentences, the limit"):
         split_document("One. Two. Three. Four.", splitter, limits)
     with pytest.raises(LimitError, match="more than the limit"):
         prepare_sentences(["word"] * 10_000, limits)
@@ -111,3 +121,46 @@ def test_nltk_tokenizers_fit_and_ours_keeps_their_interface(splitter: SentenceSp
     assert [text[a:b] for a, b in spans] == splitter.tokenize(text)
     # NLTK's own helpers built on tokenize/span_tokenize work on our splitter unchanged.
     assert TokenizerI.tokenize_sents(splitter, [text]) == [splitter.tokenize(text)]  # type: ignore[arg-type]
+
+
+def _paragraph_spans_by_full_scan(text: str) -> list[tuple[int, int]]:
+    """The rule as first written: every paragraph between the breaks of one scan visited."""
+    spans, start = [], 0
+    for match in [*re.finditer(r"\n[ \t\r\f\v]*\n", text), None]:
+        end = len(text) if match is None else match.start()
+        spans += [(start + a, start + b) for a, b in segment_spans(text[start:end])]
+        if match is not None:
+            start = match.end()
+    return spans
+
+
+def test_skipping_blank_paragraphs_cuts_every_text_where_a_full_scan_does() -> None:
+    pieces = ["a", "Bb.", "x.", " ", "\n", "\n\n", "\t", "\r", "\u2028", "\u00a0", ".", "!", '"']
+    pieces += ["Dr.", "U.S.", "?", "\u2026", "é", "\n \n", "\f"]
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
+        assert list(paragraph_spans(text, segment_spans)) == _paragraph_spans_by_full_scan(text)
+
+
+def test_a_refused_document_is_read_only_one_sentence_past_the_limit() -> None:
+    read = []
+
+    class Counting(SentenceSplitter):
+        def span_tokenize(self, s: str) -> Iterator[tuple[int, int]]:
+            for span in super().span_tokenize(s):
+                read.append(span)
+                yield span
+
+    limits = TextLimits(max_sentences=50)
+    for text in ("x.\n\n" * 100_000, "Go home. " * 100_000, "\n\n\u2028" * 100_000 + "One."):
+        read.clear()
+        try:
+            split_document(text, Counting(), limits)
+        except LimitError:
+            assert len(read) == 51
+        else:
+            assert read == [(len(text) - 4, len(text))]  # blank paragraphs hold no segment
+    segments = []
+    list(paragraph_spans("\n\n\u2028" * 10_000, lambda p: segments.append(p) or iter(())))
+    assert segments == []  # no blank paragraph is even handed to the segmenter

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from sentdp.text import TextLimits
 from service.charging import ChargedRequest, Charging, Reply, work_cost
 from service.idempotency import BodySigner
 from service.ledger import SqlLedger, open_ledger
+from service.scheduling import TenantChecks
 from service.schemas import DocumentIn, WorkRequest
 from service.tenants import Tenant
 from service.validation import Limits
@@ -604,3 +606,54 @@ def test_a_repeated_sentence_is_encoded_once_but_every_row_still_costs() -> None
 
     assert work_cost([["word."] * 1000], eight) == 8 + 1000
     assert work_cost([["a.", "b."], ["a.", "c."]], eight) == 3 * 8 + 4
+
+
+def test_a_tenant_checks_a_few_requests_at_once_and_queues_a_bounded_number(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checking (splitting, tokenizing, signing) is CPU work done before anything is
+    charged: a tenant gets ``tenant_checks`` of the checking threads at once and a bounded
+    queue; another tenant's request is checked beside them, not after them. A cancelled
+    request keeps its slot until its check has run, so disconnecting frees no CPU."""
+    flow = charging(ledger, FakeWorker(BUNDLE))
+    flow.checks = TenantChecks(running=2, waiting=1)
+    release = threading.Event()
+    running: list[str] = []
+    most = [0]
+    real_validate = flow.validate
+
+    def held_validate(req: ChargedRequest):  # type: ignore[no-untyped-def]
+        running.append(req.tenant.id)
+        most[0] = max(most[0], running.count("acme"))
+        if req.tenant.id == "acme":
+            release.wait(10)
+        try:
+            return real_validate(req)
+        finally:
+            running.remove(req.tenant.id)
+
+    monkeypatch.setattr(flow, "validate", held_validate)
+
+    async def scenario() -> tuple[list[Reply], Reply, Reply]:
+        first = [asyncio.create_task(flow.handle(request(user=f"u{n}"))) for n in range(3)]
+        await asyncio.sleep(0.2)
+        assert running.count("acme") == 2  # two checking, one waiting
+        refused = await flow.handle(request(user="u3"))  # the queue is full: no check at all
+        other = await flow.handle(request(tenant=PAIRS))  # checked while acme's are held
+        first[0].cancel()  # its check keeps running, and keeps its slot
+        await asyncio.sleep(0.2)
+        assert running.count("acme") == 2
+        assert flow.checks.in_queue("acme") == 3
+        release.set()
+        done = await asyncio.gather(*first[1:])
+        return list(done), refused, other
+
+    done, refused, other = asyncio.run(scenario())
+    assert [r.status for r in done] == [200, 200]
+    assert (refused.status, json.loads(refused.body)["error"]["code"]) == (429, "tenant_busy")
+    assert refused.headers == {"Retry-After": "1"}
+    assert other.status == 200
+    assert most[0] == 2
+    assert flow.checks.in_queue("acme") == 0
+    assert ledger.account("acme", "u3").spent_micro == 0
+    assert ledger.account("acme", "u0").spent_micro == 0  # cancelled before it was charged
