@@ -70,7 +70,7 @@ class ServiceSettings(BaseSettings):
     nothing charged. At least ``max_request_tokens``, so the largest request is admissible."""
     tenant_checks: int = Field(default=1, ge=1)
     """A tenant's requests checked (split, tokenized, signed) at once per gateway process."""
-    tenant_checks_waiting: int = Field(default=64, ge=0)
+    tenant_checks_waiting: int = Field(default=256, ge=0)
     """A tenant's requests that may wait to be checked per gateway process; beyond, 429."""
     batch_max_tokens: int = Field(default=4_000, ge=1)
     """A request of more padded tokens than this bypasses adaptive batching, so one batch

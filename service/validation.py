@@ -34,7 +34,7 @@ class Limits:
     """Seconds a request may wait for the worker; one not started by then is refunded."""
     tenant_checks: int = 1
     """A tenant's requests checked (split, tokenized, signed) at once in this process."""
-    tenant_checks_waiting: int = 64
+    tenant_checks_waiting: int = 256
     """A tenant's requests that may wait to be checked; more is refused with 429."""
 
 
