@@ -152,6 +152,15 @@ class Policy:
         """The automatic period ``now`` falls in (None without automatic renewal)."""
         return None if self.period_seconds is None else int(now // self.period_seconds)
 
+    def window_end(self, now: float) -> int | None:
+        """When the window ``now`` falls in ends (Unix seconds; None without renewal)."""
+        window = self.window(now)
+        return (
+            None
+            if window is None or self.period_seconds is None
+            else ((window + 1) * self.period_seconds)
+        )
+
 
 ADMISSION_SQL = ":g * (spend_units + :total) <= :lim"
 """:meth:`Policy.admits` as the ledger's SQL condition on an account (``:g`` the multiplier,

@@ -7,7 +7,8 @@
   tenant; running servers stop accepting them within a second (they re-read the file).
 * ``purge``: delete idempotency rows older than their 24-hour window now (servers also do it
   as they go).
-* ``budget --tenant ID --user U``: a user's spending in the current period.
+* ``budget --tenant ID --user U``: a user's spending in the current period (as the tenant's
+  next request will find it: a period that has ended shows as the next, empty one).
 * ``new-period --tenant ID --user U``: start a new period for a user (Σε back to 0). The
   privacy guarantee then holds per period; use it only when your policy says so.
 """
@@ -129,11 +130,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "purge":
         print(json.dumps({"purged_idempotency_rows": ledger.purge_expired()}))
         return
-    account = (
-        ledger.new_period(args.tenant, args.user)
-        if args.command == "new-period"
-        else ledger.account(args.tenant, args.user)
-    )
+    if args.command == "new-period":
+        account = ledger.new_period(args.tenant, args.user)
+    else:  # as the tenant's next request will find it, if the tenants file knows the tenant
+        known = {t.id: t for t in _read(settings.tenants_file).tenants}.get(args.tenant)
+        account = ledger.account(args.tenant, args.user, known.policy if known else None)
     print(
         json.dumps(
             {

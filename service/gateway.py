@@ -165,7 +165,7 @@ class Gateway:
         tenant = self._tenant(ctx)
         if tenant is None:
             return self._error(ctx, unauthorized())
-        account = await asyncio.to_thread(self.ledger.account, tenant.id, user)
+        account = await asyncio.to_thread(self.ledger.account, tenant.id, user, tenant.policy)
         return budget_view(account, tenant.policy)
 
     async def __is_ready__(self) -> bool:

@@ -119,6 +119,10 @@ class Budget(BaseModel):
     spend_unit: str = "epsilon"
     largest_document_spend: float | None = None
     """Per document: the spend of the user's most-spent document id."""
+    kept_by: str | None = None
+    """Set when this period was kept by another accountant than the tenant's (it changed):
+    ``spend`` is then in that accountant's units, nothing remains, and requests get 409
+    ``accountant_changed`` until a new period opens."""
 
 
 class PrivateDocument(BaseModel):

@@ -26,6 +26,11 @@ def budget_view(account: Account, policy: Policy) -> Budget:
     spent = to_epsilon(account.spent_micro)
     spend = to_epsilon(policy.multiplier * account.spend_units)
     left = to_epsilon(policy.remaining_units(account.spend_units))
+    kept_by = account.accountant
+    if kept_by in (None, policy.name) or account.spend_units == 0:
+        kept_by = None
+    else:  # the period's spend is in another accountant's units, and requests get 409
+        left = 0.0
     if policy.accounting == PURE:
         next_epsilon = left / policy.group_size
     else:  # the epsilon whose rho = epsilon^2 / 8 fills what is left
@@ -46,6 +51,7 @@ def budget_view(account: Account, policy: Policy) -> Budget:
         spend_limit=to_epsilon(policy.limit_micro),
         spend_unit="epsilon" if policy.accounting == PURE else "rho",
         largest_document_spend=spend if policy.composition == PER_DOCUMENT else None,
+        kept_by=kept_by,
     )
 
 

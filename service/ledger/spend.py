@@ -10,12 +10,15 @@ Statements for :class:`~service.ledger.sql.SqlLedger`, run inside its transactio
 * A refund credits what its charge row debited (its units, its document, its period) and, per
   document, recomputes the account's largest spend.
 * A tenant renewing budgets on a clock starts a new period for the user at the first request
-  of a new window, inside the same transaction as the debit.
+  after the current period's end (the end of the window it opened in, under the period length
+  of that time), inside the same transaction as the debit. A change of ``period_days`` so
+  never renews anyone early.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sentdp.accounting import ADMISSION_SQL, PER_DOCUMENT, SEQUENTIAL, Charge, Policy
@@ -26,8 +29,19 @@ if TYPE_CHECKING:
     from service.ledger.sql import SqlLedger
 
 _ACCOUNT = (
-    "SELECT spent_micro, documents, period, spend_units, accountant, period_window "
-    "FROM sentdp_accounts WHERE tenant = :t AND user_id = :u"
+    "SELECT spent_micro, documents, period, spend_units, accountant, period_window, "
+    "period_ends FROM sentdp_accounts WHERE tenant = :t AND user_id = :u"
+)
+_OPEN_WINDOW = (
+    "UPDATE sentdp_accounts SET period_window = :w, period_ends = :e, "
+    "spent_micro = CASE WHEN :r = 1 THEN 0 ELSE spent_micro END, "
+    "documents = CASE WHEN :r = 1 THEN 0 ELSE documents END, "
+    "spend_units = CASE WHEN :r = 1 THEN 0 ELSE spend_units END, "
+    "accountant = CASE WHEN :r = 1 THEN NULL ELSE accountant END, "
+    "period = period + :r WHERE tenant = :t AND user_id = :u "
+    # Re-checked on the newest row: a concurrent request that renewed first (this sentdp, or
+    # an older one, which writes period_window alone) wins alone.
+    "AND (period_ends IS NULL OR period_ends <= :now) AND "
 )
 _DEBIT_SEQUENTIAL = (
     "UPDATE sentdp_accounts SET spent_micro = spent_micro + :eps, "  # noqa: S608 (constants)
@@ -51,19 +65,52 @@ _DEBIT_LARGEST = (
 )
 
 
+@dataclass(frozen=True)
+class Clock:
+    """Where an account stands on its tenant's renewal clock."""
+
+    window: int | None
+    """The window its period opened in (its index under the period length of that time)."""
+    ends: int | None
+    """When its period ends (Unix seconds); None for a period opened before schema 4."""
+
+    def due(self, policy: Policy, now: float) -> bool:
+        """Whether the next request under ``policy`` at ``now`` opens a new period: the
+        current one has ended, and no request (of any sentdp version) has opened one in the
+        window ``now`` falls in. A period from before ``period_ends`` was kept ends with its
+        window under today's length."""
+        current = policy.window(now)
+        if current is None or self.window is None or self.window == current:
+            return False
+        return self.ends is None or now >= self.ends
+
+
 def read_account(ledger: SqlLedger, cur: Any, tenant: str, user: str) -> Account:
     return _read(ledger, cur, tenant, user)[0]
 
 
-def _read(ledger: SqlLedger, cur: Any, tenant: str, user: str) -> tuple[Account, int | None]:
+def view_account(
+    ledger: SqlLedger, cur: Any, tenant: str, user: str, policy: Policy, now: float
+) -> Account:
+    """The account as the next request at ``now`` will find it (a period that has ended
+    shows as the next, empty one), without writing anything."""
+    account, clock = _read(ledger, cur, tenant, user)
+    if clock.due(policy, now):
+        return Account(tenant, user, 0, 0, account.period + 1)
+    return account
+
+
+def _read(ledger: SqlLedger, cur: Any, tenant: str, user: str) -> tuple[Account, Clock]:
     row = ledger._execute(cur, _ACCOUNT, {"t": tenant, "u": user}).fetchone()
     if row is None:
-        return Account(tenant, user, 0, 0, 0), None
-    spent, documents, period, units, accountant, window = row
+        return Account(tenant, user, 0, 0, 0), Clock(None, None)
+    spent, documents, period, units, accountant, window, ends = row
     account = Account(
         tenant, user, int(spent), int(documents), int(period), int(units or 0), accountant
     )
-    return account, None if window is None else int(window)
+    return account, Clock(
+        None if window is None else int(window), None if ends is None else int(ends)
+    )
 
 
 def prepare(
@@ -76,22 +123,19 @@ def prepare(
         "ON CONFLICT (tenant, user_id) DO NOTHING",
         {"t": tenant, "u": user},
     )
-    account, window = _read(ledger, cur, tenant, user)
-    current = policy.window(now)
-    if current is not None and window != current:
-        renew = window is not None  # a first window starts where the account stands
-        ledger._execute(
-            cur,
-            "UPDATE sentdp_accounts SET period_window = :w, "
-            "spent_micro = CASE WHEN :r = 1 THEN 0 ELSE spent_micro END, "
-            "documents = CASE WHEN :r = 1 THEN 0 ELSE documents END, "
-            "spend_units = CASE WHEN :r = 1 THEN 0 ELSE spend_units END, "
-            "accountant = CASE WHEN :r = 1 THEN NULL ELSE accountant END, "
-            "period = period + :r WHERE tenant = :t AND user_id = :u "
-            # re-checked on the newest row: a concurrent request that renewed first wins alone
-            "AND (period_window IS NULL OR period_window <> :w)",
-            {"w": current, "r": int(renew), "t": tenant, "u": user},
-        )
+    account, clock = _read(ledger, cur, tenant, user)
+    current, end = policy.window(now), policy.window_end(now)
+    if current is not None and (clock.ends is None or clock.ends <= now):
+        params = {"w": current, "e": end, "t": tenant, "u": user, "now": int(now)}
+        if clock.window is None or clock.due(policy, now):
+            # The first window starts where the account stands; a later one renews it.
+            renew = clock.window is not None
+            guard = "(period_window IS NULL OR period_window <> :w)"
+            ledger._execute(cur, _OPEN_WINDOW + guard, params | {"r": int(renew)})
+        elif clock.window == current:
+            # Opened in this window without an end (before schema 4, or by an older
+            # sentdp): record the end, renew nothing.
+            ledger._execute(cur, _OPEN_WINDOW + "period_window = :w", params | {"r": 0})
         account = read_account(ledger, cur, tenant, user)
     if account.accountant not in (None, policy.name) and account.spend_units > 0:
         raise AccountantChangedError(account.accountant or "", policy.name)

@@ -194,9 +194,13 @@ class SqlLedger(abc.ABC):
         self.purge_expired(now)
 
     # --- the ledger's operations ---------------------------------------------------------
-    def account(self, tenant: str, user: str) -> Account:
+    def account(self, tenant: str, user: str, policy: Policy | None = None) -> Account:
+        """The user's account as stored or, given the tenant's ``policy``, as the next
+        request will find it (a period that has ended shows as the next, empty one)."""
         with self.transaction() as cur:
-            return self._account(cur, tenant, user)
+            if policy is None:
+                return self._account(cur, tenant, user)
+            return spend.view_account(self, cur, tenant, user, policy, time.time())
 
     def _account(self, cur: Any, tenant: str, user: str) -> Account:
         return spend.read_account(self, cur, tenant, user)

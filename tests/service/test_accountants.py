@@ -226,3 +226,100 @@ def test_ids_must_match_the_accountant_at_the_ledger_too(ledger_url: tuple[str, 
     assert ledger.charges() == []
     assert ledger.account("acme", "z").spend_units == 0
     ledger.close()
+
+
+WEEK = 7 * DAY
+
+
+def _clocked(monkeypatch: pytest.MonkeyPatch, start: float) -> list[float]:
+    clock = [start]
+    monkeypatch.setattr(ledger_sql, "time", SimpleNamespace(time=lambda: clock[0]))
+    return clock
+
+
+def _admitted(ledger: SqlLedger, policy: Policy, request: str) -> bool:
+    try:
+        ledger.reserve("acme", "u", Charge("deepcandidate", 5 * MICRO, 1), policy, request)
+    except BudgetExhaustedError:
+        return False
+    return True
+
+
+def test_changing_the_period_length_renews_nobody_early(
+    ledger_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B = 10 and two releases of 5 fill it. Lengthening or shortening ``period_days``, back
+    and forth, must not open a new period before the current one's end: the end of the
+    window it opened in (a hostile review spent 20 against B = 10 in one second this way)."""
+    ledger = open_ledger(*ledger_url)
+    start = 3_000 * WEEK + 2 * DAY  # two days into a 7-day window
+    clock = _clocked(monkeypatch, start)
+    weekly, fortnightly = (Policy(1, 10 * MICRO, period_seconds=d * DAY) for d in (7, 14))
+    assert _admitted(ledger, weekly, "a")
+    assert _admitted(ledger, weekly, "b")
+    for n, policy in enumerate([weekly, fortnightly, weekly, fortnightly, weekly]):
+        assert not _admitted(ledger, policy, f"c{n}"), n
+        assert ledger.account("acme", "u", policy).period == 0
+    assert ledger.account("acme", "u").period == 0
+    clock[0] = 3_001 * WEEK - 1  # the last second of the window the period opened in
+    assert not _admitted(ledger, fortnightly, "d")
+    clock[0] = 3_001 * WEEK  # it has ended: the next period opens, under 14 days now
+    assert ledger.account("acme", "u", fortnightly).period == 1  # /budget sees it coming
+    assert ledger.account("acme", "u").period == 0  # ... without writing it
+    assert _admitted(ledger, fortnightly, "e")
+    assert ledger.account("acme", "u").period == 1
+    # It runs to the end of its 14-day window; going back to 7 days does not cut it short.
+    fortnight_end = (3_001 * WEEK // (14 * DAY) + 1) * 14 * DAY
+    assert _admitted(ledger, fortnightly, "f")
+    clock[0] = fortnight_end - 1
+    assert not _admitted(ledger, weekly, "g")
+    assert ledger.account("acme", "u", weekly).period == 1
+    clock[0] = fortnight_end
+    assert _admitted(ledger, weekly, "h")
+    assert ledger.account("acme", "u").period == 2
+    ledger.close()
+
+
+def test_periods_opened_before_their_end_was_kept_and_by_older_replicas_renew_once(
+    ledger_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An account whose period has no recorded end (schema 3, or an older sentdp that only
+    writes ``period_window``) is read by its window under today's length: one that opened
+    in the current window keeps its spend (and gains its end), one from an earlier window
+    renews, once, however many requests race for it."""
+    ledger = open_ledger(*ledger_url)
+    weekly = Policy(1, 10 * MICRO, period_seconds=WEEK)
+    clock = _clocked(monkeypatch, 3_000 * WEEK + DAY)
+    assert _admitted(ledger, weekly, "a")
+    assert _admitted(ledger, weekly, "b")
+
+    def as_an_older_sentdp_left_it(window: int, spent: bool) -> None:
+        with ledger.transaction() as cur:
+            ledger._execute(
+                cur,
+                "UPDATE sentdp_accounts SET period_ends = NULL, period_window = :w"
+                + ("" if spent else ", spent_micro = 0, spend_units = 0, documents = 0")
+                + " WHERE tenant = 'acme' AND user_id = 'u'",
+                {"w": window},
+            )
+
+    as_an_older_sentdp_left_it(3_000, spent=True)  # this window: still full
+    assert not _admitted(ledger, weekly, "c")
+    assert ledger.account("acme", "u", weekly).period == 0
+    # An older replica renewed at the start of the next window (period_ends left behind);
+    # this sentdp must not renew it a second time.
+    clock[0] = 3_001 * WEEK + 10
+    with ledger.transaction() as cur:
+        ledger._execute(cur, "UPDATE sentdp_accounts SET period = period + 1")
+    as_an_older_sentdp_left_it(3_001, spent=False)
+    with ledger.transaction() as cur:
+        ledger._execute(cur, "UPDATE sentdp_accounts SET period_ends = :e", {"e": 3_001 * WEEK})
+    assert _admitted(ledger, weekly, "d")
+    assert _admitted(ledger, weekly, "e")
+    assert not _admitted(ledger, weekly, "f")  # no second renewal: B spent once this window
+    assert ledger.account("acme", "u").period == 1
+    # A schema-3 account from an earlier window renews once.
+    as_an_older_sentdp_left_it(2_999, spent=True)
+    assert _admitted(ledger, weekly, "g")
+    assert ledger.account("acme", "u").period == 2
+    ledger.close()

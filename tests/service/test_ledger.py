@@ -202,7 +202,7 @@ def test_a_version_1_database_is_upgraded_in_place(ledger_url: tuple[str, str]) 
             cur, "SELECT value FROM sentdp_meta WHERE key = 'schema_version'"
         ).fetchone()[0]
         assert "status" in upgraded._columns(cur, "sentdp_idempotency")
-    assert version == "3"
+    assert version == "4"
     upgraded_account = upgraded.account("acme", "alice")
     assert (upgraded_account.spent_micro, upgraded_account.spend_units) == (MICRO, MICRO)
     assert [c["units"] for c in upgraded.charges()] == [MICRO]

@@ -37,7 +37,19 @@ def test_the_budget_view_in_group_epsilon() -> None:
         "spend_limit": 10.0,
         "spend_unit": "epsilon",
         "largest_document_spend": None,
+        "kept_by": None,
     }
+
+
+def test_a_period_kept_by_the_tenants_old_accountant_shows_nothing_left() -> None:
+    """Requests get 409 until a new period opens, so /budget must not offer a remainder
+    computed from another accountant's units."""
+    kept = Account("t", "u", 3 * MICRO, 2, 1, 3 * MICRO, "pure-sequential")
+    zcdp = Policy(1, 10 * MICRO, "zcdp")
+    view = budget_view(kept, zcdp)
+    assert (view.remaining, view.remaining_epsilon, view.kept_by) == (0.0, 0.0, "pure-sequential")
+    assert budget_view(kept, Policy(1, 10 * MICRO)).kept_by is None  # its own accountant
+    assert budget_view(kept, Policy(1, 10 * MICRO)).remaining == 7.0
 
 
 def test_the_402_names_the_request_and_the_remainder() -> None:
