@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+_INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+"""Unicode categories an id may not hold: controls, format characters (zero-width spaces,
+bidirectional overrides), surrogates, private-use and unassigned code points, line and
+paragraph separators."""
+
+
+def _visible_nfc(value: str) -> str:
+    """Refuse ids that render like another id: invisible or unassigned characters, or text
+    not in NFC. Refused, not normalised: a ledger keys accounts by the exact id, so folding
+    two spellings into one here would move a user's spending between accounts."""
+    odd = next((c for c in value if unicodedata.category(c) in _INVISIBLE), None)
+    if odd is not None:
+        raise ValueError(f"ids may not contain U+{ord(odd):04X} (control or invisible)")
+    if not unicodedata.is_normalized("NFC", value):
+        raise ValueError("ids must be in Unicode NFC form (normalise them before sending)")
+    return value
+
 
 UserId = Annotated[
     str,
@@ -15,8 +34,10 @@ UserId = Annotated[
         description="The end user, named by the tenant; scoped to the tenant.",
         examples=["user-42"],
     ),
+    AfterValidator(_visible_nfc),
 ]
-"""A user id: 1 to 256 characters, no control characters; the same rule on every endpoint."""
+"""A user id: 1 to 256 characters in NFC, nothing invisible; the same rule on every endpoint
+(one person spelled two ways would be two accounts, each with the whole budget)."""
 
 DocumentId = Annotated[
     str,
@@ -28,6 +49,7 @@ DocumentId = Annotated[
         "when the document is re-sent or edited.",
         examples=["note-1832"],
     ),
+    AfterValidator(_visible_nfc),
 ]
 
 MAX_LOOKUP_CANDIDATES = 1000
@@ -62,13 +84,18 @@ EXAMPLE_DOCUMENTS = [
 ]
 
 
+Epsilon = Annotated[float, Field(strict=True)]
+"""A JSON number (an integer is fine): ``true`` or ``"2.5"`` are refused, not read as 1.0 and
+2.5. NaN and infinities pass here and get 400 ``invalid_epsilon`` from the gateway."""
+
+
 class PrivatizeRequest(BaseModel):
     """Body of /privatize. Unknown fields are refused (the service takes no seed, no p)."""
 
     model_config = ConfigDict(extra="forbid")
 
     user: UserId
-    epsilon: float = Field(description="epsilon per document", examples=[3.0])
+    epsilon: Epsilon = Field(description="epsilon per document", examples=[3.0])
     documents: list[DocumentIn] = Field(min_length=1, examples=[EXAMPLE_DOCUMENTS])
 
 
@@ -78,12 +105,12 @@ class ClassifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     user: UserId | None = None
-    epsilon: float | None = None
+    epsilon: Epsilon | None = None
     documents: list[DocumentIn] | None = Field(default=None, min_length=1)
     model: str | None = Field(
         default=None, max_length=256, description="a released embedding's model version"
     )
-    candidates: list[int] | None = Field(
+    candidates: list[Annotated[int, Field(strict=True)]] | None = Field(
         default=None, min_length=1, max_length=MAX_LOOKUP_CANDIDATES
     )
 

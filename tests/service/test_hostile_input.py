@@ -141,7 +141,9 @@ def test_ten_thousand_one_word_sentences_are_refused_as_too_large(server: Server
     assert_tenant_untouched(server, "zero")
 
 
-@pytest.mark.parametrize("epsilon", ["NaN", "Infinity", "-Infinity", "0", "-0.0", "-5", "1e-300"])
+@pytest.mark.parametrize(
+    "epsilon", ["NaN", "Infinity", "-Infinity", "0", "-0.0", "-5", "1e-300", "true", '"2.5"']
+)
 def test_special_epsilons_are_400(server: Server, epsilon: str) -> None:
     body = f'{{"user": "u", "epsilon": {epsilon}, "documents": [{{"text": "A. B."}}]}}'
     with client(server, ZERO.key) as http:
@@ -149,6 +151,29 @@ def test_special_epsilons_are_400(server: Server, epsilon: str) -> None:
             "/privatize", content=body, headers={"Content-Type": "application/json"}
         )
     assert response.status_code == 400, response.text
+    assert_tenant_untouched(server, "zero")
+
+
+@pytest.mark.parametrize(
+    ("user", "status"),
+    [
+        ("cafe\u0301", 400),  # not NFC: "café" spelled another way would be another account
+        ("a\u200bb", 400),  # zero-width space
+        ("a\u202eb", 400),  # right-to-left override
+        ("a\u2028b", 400),  # line separator
+        ("a\x85b", 400),  # C1 control
+        ("caf\u00e9 \u4e2d\u6587 \U0001f600", 402),  # visible NFC text is an id (budget 0)
+    ],
+)
+def test_user_ids_that_render_like_another_are_400(server: Server, user: str, status: int) -> None:
+    with client(server, ZERO.key) as http:
+        response = http.post(
+            "/privatize", json={"user": user, "epsilon": 1.0, "documents": [{"text": "A. B."}]}
+        )
+        budget = http.post("/budget", json={"user": user})
+    assert response.status_code == status, response.text
+    assert budget.status_code == (400 if status == 400 else 200)
+    assert user not in response.text
     assert_tenant_untouched(server, "zero")
 
 
@@ -242,6 +267,7 @@ HOSTILE_BODIES: list[tuple[str, bytes, str]] = [
     ("/classify", json.dumps({"model": MARKER, "candidates": [0]}).encode(), "application/json"),
     ("/classify", json.dumps({"model": "x", "candidates": [MARKER]}).encode(), "application/json"),
     ("/budget", json.dumps({"user": [MARKER]}).encode(), "application/json"),
+    ("/budget", json.dumps({"user": f"{MARKER}\u200b"}).encode(), "application/json"),
 ]
 
 
