@@ -94,6 +94,11 @@ class SqlLedger(abc.ABC):
     def _sql(self, text: str) -> str:
         return text
 
+    def _scrub(self) -> None:
+        """Remove deleted rows' bytes from the backend's files where it can (after a secret
+        is deleted); PostgreSQL keeps them in its WAL and backups until they expire."""
+        return None
+
     # --- plumbing ------------------------------------------------------------------------
     def _connection(self) -> Any:
         conn = getattr(self._local, "conn", None)
@@ -176,6 +181,7 @@ class SqlLedger(abc.ABC):
         """Remove the version-1 secret from the database once it lives in the secret file."""
         with self.transaction() as cur:
             self._execute(cur, "DELETE FROM sentdp_meta WHERE key = 'hmac_secret'")
+        self._scrub()
 
     def purge_expired(self, now: float | None = None) -> int:
         """Delete idempotency rows older than their window; returns how many went."""
@@ -311,20 +317,23 @@ class SqlLedger(abc.ABC):
         """
         now = time.time()
         with self.transaction() as cur:
+            # Each charge is matched with its owner too, so a wrong id can never move, or
+            # credit, another user's charge.
+            owner = {"t": tenant, "u": user, "now": now}
             for charge_id in final:
                 self._execute(
                     cur,
                     "UPDATE sentdp_charges SET state = 'final', settled_at = :now "
-                    "WHERE id = :id AND state = 'reserved'",
-                    {"id": charge_id, "now": now},
+                    "WHERE id = :id AND tenant = :t AND user_id = :u AND state = 'reserved'",
+                    owner | {"id": charge_id},
                 )
             for charge_id in refund:
                 row = self._execute(
                     cur,
                     "UPDATE sentdp_charges SET state = 'refunded', settled_at = :now "
-                    "WHERE id = :id AND state = 'reserved' "
+                    "WHERE id = :id AND tenant = :t AND user_id = :u AND state = 'reserved' "
                     "RETURNING micro, units, period, document_id",
-                    {"id": charge_id, "now": now},
+                    owner | {"id": charge_id},
                 ).fetchone()
                 if row is not None:
                     spend.credit(self, cur, tenant, user, tuple(row))

@@ -2,9 +2,9 @@
 
 Write transactions start with ``BEGIN IMMEDIATE`` (the writer lock is taken up front, so two
 processes never deadlock upgrading read locks) and wait up to ``busy_timeout`` for it.
-``synchronous=FULL`` makes every commit durable before the response is sent. A new database
-file is created with mode 0600 (SQLite gives its -wal and -shm files the same mode), in a
-folder created 0700.
+``synchronous=FULL`` makes every commit durable before the response is sent, and
+``secure_delete`` overwrites deleted rows. A new database file is created with mode 0600
+(SQLite gives its -wal and -shm files the same mode), in a folder created 0700.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ class SqliteLedger(SqlLedger):
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
         self._use_wal(conn)
         conn.execute("PRAGMA synchronous=FULL")
+        # Deleted rows (expired idempotency HMACs, a moved secret) are overwritten with zeros,
+        # whatever this SQLite build's default.
+        conn.execute("PRAGMA secure_delete=ON")
         return conn
 
     def _use_wal(self, conn: Any) -> None:
@@ -58,6 +61,11 @@ class SqliteLedger(SqlLedger):
                 if "locked" not in str(error) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.02)
+
+    def _scrub(self) -> None:
+        """Copy the WAL into the database file and truncate it: with ``secure_delete`` the
+        deleted row's bytes are overwritten in the database file and gone from the WAL."""
+        self._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def _columns(self, cur: Any, table: str) -> set[str]:
         return {str(row[1]) for row in cur.execute(f"PRAGMA table_info({table})").fetchall()}

@@ -33,6 +33,11 @@ def test_a_version_1_secret_moves_out_of_the_database(tmp_path: Path) -> None:
     assert signer.accepted == (bytes.fromhex("cd" * 32),)
     assert signer.current != signer.accepted[0]
     assert ledger.legacy_hmac_secret() is None
+    # Nor is it left in the ledger's files while the server runs, write-ahead log included,
+    # for a file-level backup to copy (closing the last connection would hide that).
+    files = sorted(tmp_path.glob("ledger.sqlite3*"))
+    assert len(files) == 3
+    assert all(b"cd" * 32 not in f.read_bytes() for f in files)
     assert load_signer(tmp_path / "secret", ledger) == signer  # stable across restarts
     ledger.close()
 

@@ -94,6 +94,22 @@ def test_refunds_restore_reserved_charges_once_and_never_final_ones(ledger: SqlL
     assert_invariant(ledger)
 
 
+def test_a_settlement_moves_only_its_own_users_charges(ledger: SqlLedger) -> None:
+    """Charge ids come from the request's own reservation; a wrong one must still neither
+    finalise nor refund (and credit) another user's charge."""
+    alice = reserve(ledger, "alice")
+    bob = reserve(ledger, "bob")
+    ledger.settle("acme", "alice", final=[bob.charge_ids[0]], refund=[])
+    ledger.settle("other", "bob", final=[], refund=[bob.charge_ids[0]])
+    ledger.settle("acme", "alice", final=[], refund=[bob.charge_ids[0]])
+    assert [c["state"] for c in ledger.charges()] == ["reserved", "reserved"]
+    assert ledger.account("acme", "bob").spent_micro == MICRO
+    ledger.settle("acme", "bob", final=[], refund=bob.charge_ids)
+    ledger.settle("acme", "alice", final=alice.charge_ids, refund=[])
+    assert [c["state"] for c in ledger.charges()] == ["final", "refunded"]
+    assert_invariant(ledger)
+
+
 def test_tenants_and_users_have_separate_accounts(ledger: SqlLedger) -> None:
     reserve(ledger, "bob")
     ledger.reserve("other", "bob", ONE, POLICY, "req")
