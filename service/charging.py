@@ -388,7 +388,19 @@ class Charging:
             raise error from None
         final = [i.charge_id for i, r in zip(items, results, strict=True) if r.sampled]
         refund = [i.charge_id for i, r in zip(items, results, strict=True) if not r.sampled]
-        reply = self._reply(request, admission, reserved, results)
+        try:
+            reply = self._reply(request, admission, reserved, results)
+        except Exception:
+            # A result this gateway cannot read (a bug, or a worker of another version): what
+            # was drawn stays charged, and the failure is stored under the key like any other
+            # failure after sampling, so a retry replays it instead of drawing again.
+            logger.exception("reading the worker's results failed (request %s)", request.request_id)
+            error = ApiError(
+                Code.MECHANISM_FAILED,
+                "the service could not read the mechanism's result; the charge stands",
+            )
+            await self._settle(request, admission, final, refund, Reply.of(error))
+            raise error from None
         stored = reply if final else None  # nothing sampled: free the key for a retry
         await self._settle(request, admission, final, refund, stored)  # failure: still counted
         if final:

@@ -391,6 +391,28 @@ def test_a_retry_after_a_failure_after_sampling_replays_it_and_costs_nothing(
     assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
 
 
+def test_a_result_the_gateway_cannot_read_is_settled_final_and_replayed(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker sampled, then building the response failed: the charge is final (not left
+    reserved), the key stores the 500, and a retry replays it without a second draw."""
+    worker = FakeWorker(BUNDLE)
+    flow = charging(ledger, worker)
+
+    def unreadable(*_: object) -> None:
+        raise KeyError("a candidate id outside the bundle")
+
+    monkeypatch.setattr(flow, "_released", unreadable)
+    first, body = run(flow, request(idempotency_key="k7"))
+    assert (first.status, body["error"]["code"]) == (500, "mechanism_failed")
+    assert states(ledger) == ["final"]
+    monkeypatch.undo()
+    again, again_body = run(flow, request(idempotency_key="k7"))
+    assert (again.status, again.replayed, again_body) == (500, True, body)
+    assert worker.calls == 1
+    assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
+
+
 def test_one_unsampled_item_refunds_only_itself(ledger: SqlLedger) -> None:
     worker = FakeWorker(BUNDLE, mode="partial")
     reply, body = run(charging(ledger, worker), request(documents=[{"text": TEXT}] * 3))
