@@ -133,6 +133,9 @@ class ChargedRequest:
     with_labels: bool = False
     idempotency_key: str | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    arrived: float = field(default_factory=time.time)
+    """When the request reached the gateway (Unix seconds): its worker deadline counts from
+    here, so time spent waiting to be checked shortens it rather than adding to it."""
 
     @property
     def endpoint(self) -> str:
@@ -246,6 +249,16 @@ class Charging:
         except BaseException:
             self.checks.leave(tenant, held=False)
             raise
+        waited = time.time() - request.arrived
+        if waited > self.limits.start_timeout:  # it could not reach the worker in time anyway
+            self.checks.leave(tenant, held=True)
+            metric("busy").labels(tenant).inc()
+            raise ApiError(
+                Code.TENANT_BUSY,
+                f"this request waited {waited:.0f} s behind this tenant's own requests to be "
+                "checked; retry when earlier requests have finished",
+                headers={"Retry-After": "1"},
+            )
         loop = asyncio.get_running_loop()
         try:
             running = self._checkers.submit(self.validate, request)
@@ -373,7 +386,7 @@ class Charging:
         work = WorkRequest(
             request_id=request.request_id,
             tenant=request.tenant.id,
-            deadline=time.time() + self.limits.start_timeout,
+            deadline=request.arrived + self.limits.start_timeout,
             cost=admission.cost,
             items=items,
         )

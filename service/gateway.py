@@ -105,6 +105,9 @@ class Gateway:
             self.settings.ledger_schema,
             self.settings.idempotency_pending_seconds,
         )
+        for tenant in self.tenants.registry().tenants():
+            if tenant.policy.period_seconds is not None:
+                self.ledger.record_period_ends(tenant.id, tenant.policy.period_seconds)
         harden(self.worker)
         limits = Limits(
             self.settings.max_documents,

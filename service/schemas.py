@@ -7,19 +7,54 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-_INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+_INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"})
 """Unicode categories an id may not hold: controls, format characters (zero-width spaces,
-bidirectional overrides), surrogates, private-use and unassigned code points, line and
-paragraph separators."""
+bidirectional overrides), surrogates, private-use and unassigned code points, and every
+separator but the ASCII space."""
+
+_IGNORABLE = (
+    (0x00AD, 0x00AD),
+    (0x034F, 0x034F),
+    (0x061C, 0x061C),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x206F),
+    (0x2800, 0x2800),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF),
+)
+"""Unicode's Default_Ignorable_Code_Point ranges (characters a renderer may show as
+nothing: variation selectors, the combining grapheme joiner, Hangul fillers), and the
+Braille blank."""
+
+
+def _shown_as_nothing(character: str) -> bool:
+    if character != " " and unicodedata.category(character) in _INVISIBLE:
+        return True
+    code = ord(character)
+    return any(low <= code <= high for low, high in _IGNORABLE)
 
 
 def _visible_nfc(value: str) -> str:
-    """Refuse ids that render like another id: invisible or unassigned characters, or text
-    not in NFC. Refused, not normalised: a ledger keys accounts by the exact id, so folding
-    two spellings into one here would move a user's spending between accounts."""
-    odd = next((c for c in value if unicodedata.category(c) in _INVISIBLE), None)
+    """Refuse ids that render like another id: characters shown as nothing or as a space
+    other than the ASCII one, spaces at either end, or text not in NFC. Refused, not
+    normalised: a ledger keys accounts by the exact id, so folding two spellings into one
+    here would move a user's spending between accounts. (Look-alike letters of other
+    scripts are not caught: ids should be opaque.)"""
+    odd = next((c for c in value if _shown_as_nothing(c)), None)
     if odd is not None:
-        raise ValueError(f"ids may not contain U+{ord(odd):04X} (control or invisible)")
+        raise ValueError(f"ids may not contain U+{ord(odd):04X} (invisible or a special space)")
+    if value != value.strip(" "):
+        raise ValueError("ids may not begin or end with a space")
     if not unicodedata.is_normalized("NFC", value):
         raise ValueError("ids must be in Unicode NFC form (normalise them before sending)")
     return value

@@ -147,6 +147,9 @@ class TenantRegistry:
     def get(self, tenant_id: str) -> Tenant | None:
         return self._by_id.get(tenant_id)
 
+    def tenants(self) -> list[Tenant]:
+        return list(self._by_id.values())
+
 
 class TenantSource:
     """The tenants file of a running server, re-read when it changes.

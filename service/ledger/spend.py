@@ -100,8 +100,11 @@ def view_account(
     return account
 
 
-def _read(ledger: SqlLedger, cur: Any, tenant: str, user: str) -> tuple[Account, Clock]:
-    row = ledger._execute(cur, _ACCOUNT, {"t": tenant, "u": user}).fetchone()
+def _read(
+    ledger: SqlLedger, cur: Any, tenant: str, user: str, lock: bool = False
+) -> tuple[Account, Clock]:
+    sql = _ACCOUNT + (ledger._lock_clause() if lock else "")
+    row = ledger._execute(cur, sql, {"t": tenant, "u": user}).fetchone()
     if row is None:
         return Account(tenant, user, 0, 0, 0), Clock(None, None)
     spent, documents, period, units, accountant, window, ends = row
@@ -123,7 +126,11 @@ def prepare(
         "ON CONFLICT (tenant, user_id) DO NOTHING",
         {"t": tenant, "u": user},
     )
-    account, clock = _read(ledger, cur, tenant, user)
+    # Locked until commit (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises): a
+    # request that renews the period meanwhile would otherwise commit between this read and
+    # the debit, which would then go to the old period's document rows and the new period's
+    # charge rows, and a refund of it would credit the new period.
+    account, clock = _read(ledger, cur, tenant, user, lock=True)
     current, end = policy.window(now), policy.window_end(now)
     if current is not None and (clock.ends is None or clock.ends <= now):
         params = {"w": current, "e": end, "t": tenant, "u": user, "now": int(now)}

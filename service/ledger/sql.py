@@ -362,6 +362,20 @@ class SqlLedger(abc.ABC):
         else:
             self._execute(cur, "DELETE FROM sentdp_idempotency " + _OWNED_KEY, params)  # noqa: S608 (constants)
 
+    def record_period_ends(self, tenant: str, period_seconds: int) -> int:
+        """Give accounts of ``tenant`` whose period has no recorded end (written before
+        schema 4, or by an older sentdp) the end of their window under ``period_seconds``,
+        the tenant's period length now; returns how many. Run at start-up, before anyone can
+        change the length, so a later change renews none of them early."""
+        with self.transaction() as cur:
+            updated = self._execute(
+                cur,
+                "UPDATE sentdp_accounts SET period_ends = (period_window + 1) * :p "
+                "WHERE tenant = :t AND period_ends IS NULL AND period_window IS NOT NULL",
+                {"t": tenant, "p": int(period_seconds)},
+            ).rowcount
+        return max(int(updated), 0)
+
     def new_period(self, tenant: str, user: str) -> Account:
         """Operator command: start a new accounting period (Σε back to 0) for one user."""
         with self.transaction() as cur:

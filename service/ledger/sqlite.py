@@ -10,6 +10,7 @@ processes never deadlock upgrading read locks) and wait up to ``busy_timeout`` f
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import time
@@ -64,8 +65,16 @@ class SqliteLedger(SqlLedger):
 
     def _scrub(self) -> None:
         """Copy the WAL into the database file and truncate it: with ``secure_delete`` the
-        deleted row's bytes are overwritten in the database file and gone from the WAL."""
-        self._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        deleted row's bytes are overwritten in the database file and gone from the WAL. The
+        checkpoint waits up to ``busy_timeout`` for other connections' reads to end; if one
+        still reads, the WAL is left to SQLite's own checkpoints, and that is logged."""
+        busy = self._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        if busy:
+            logging.getLogger("sentdp.service").warning(
+                "the ledger's write-ahead log could not be truncated (another connection kept "
+                "reading); a deleted secret may stay in %s-wal until SQLite reuses it",
+                self.path,
+            )
 
     def _columns(self, cur: Any, table: str) -> set[str]:
         return {str(row[1]) for row in cur.execute(f"PRAGMA table_info({table})").fetchall()}

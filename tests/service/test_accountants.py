@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import random
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -237,9 +238,12 @@ def _clocked(monkeypatch: pytest.MonkeyPatch, start: float) -> list[float]:
     return clock
 
 
-def _admitted(ledger: SqlLedger, policy: Policy, request: str) -> bool:
+def _admitted(
+    ledger: SqlLedger, policy: Policy, request: str, charge: Charge | None = None
+) -> bool:
     try:
-        ledger.reserve("acme", "u", Charge("deepcandidate", 5 * MICRO, 1), policy, request)
+        charge = charge or Charge("deepcandidate", 5 * MICRO, 1)
+        ledger.reserve("acme", "u", charge, policy, request)
     except BudgetExhaustedError:
         return False
     return True
@@ -322,4 +326,77 @@ def test_periods_opened_before_their_end_was_kept_and_by_older_replicas_renew_on
     as_an_older_sentdp_left_it(2_999, spent=True)
     assert _admitted(ledger, weekly, "g")
     assert ledger.account("acme", "u").period == 2
+    ledger.close()
+
+
+def test_a_renewal_racing_a_debit_waits_for_it_so_a_refund_credits_the_right_period(
+    ledger_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per document, at a period's end: R1 (its clock one second before the end) has read
+    the account when R2 (at the end) renews it. R2 must wait for R1's commit. Otherwise R1
+    debits the old period's document row but records its charge in the new period, and its
+    refund credits the new period: a hostile review then released 15 of document X against
+    B = 10 on PostgreSQL. (SQLite's BEGIN IMMEDIATE serialises the two outright.)"""
+    from service.ledger import spend
+
+    ledger = open_ledger(*ledger_url)
+    clock = threading.local()
+    monkeypatch.setattr(ledger_sql, "time", SimpleNamespace(time=lambda: clock.now))
+    policy = Policy(1, 10 * MICRO, composition=PER_DOCUMENT, period_seconds=WEEK)
+
+    def x(releases: int = 1) -> Charge:
+        return Charge("deepcandidate", 5 * MICRO, releases, ("X",) * releases)
+
+    clock.now = 3_000 * WEEK + DAY
+    ledger.reserve("acme", "u", x(), policy, "a")
+    debit, renewal = spend.debit, []
+
+    def debit_while_a_renewal_starts(*args):  # type: ignore[no-untyped-def]
+        if not renewal:
+
+            def renew() -> None:
+                clock.now = 3_001 * WEEK
+                ledger.reserve("acme", "u", x(2), policy, "r2")
+
+            renewal.append(threading.Thread(target=renew))
+            renewal[0].start()
+            renewal[0].join(0.5)  # it may not get past R1's read of the account
+            renewal.append(renewal[0].is_alive())
+        return debit(*args)
+
+    monkeypatch.setattr(spend, "debit", debit_while_a_renewal_starts)
+    clock.now = 3_001 * WEEK - 1
+    r1 = ledger.reserve("acme", "u", x(), policy, "r1")
+    renewal[0].join()
+    assert renewal[1] or ledger_url[0].startswith("sqlite")
+    periods = {c["request_id"]: c["period"] for c in ledger.charges()}
+    assert (periods["r1"], periods["r2"]) == (0, 1)
+    ledger.settle("acme", "u", [], r1.charge_ids)  # R1 drew nothing: refunded
+    clock.now = 3_001 * WEEK + 5
+    assert not _admitted(ledger, policy, "r3", x())  # period 1 holds X's two releases of 5
+    ledger.close()
+
+
+def test_periods_from_before_schema_4_get_their_end_at_start_up_and_keep_it(
+    ledger_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A period that opened before its end was kept has only its window's index, in units of
+    the period length of the time. The gateway records its end at start-up, under the length
+    then; changing the length afterwards renews it no earlier than that end."""
+    ledger = open_ledger(*ledger_url)
+    weekly, fortnightly = (Policy(1, 10 * MICRO, period_seconds=d * DAY) for d in (7, 14))
+    clock = _clocked(monkeypatch, 3_000 * WEEK + DAY)
+    assert _admitted(ledger, weekly, "a")
+    assert _admitted(ledger, weekly, "b")
+    with ledger.transaction() as cur:  # as schema 3 left it
+        ledger._execute(cur, "UPDATE sentdp_accounts SET period_ends = NULL")
+    assert ledger.record_period_ends("acme", WEEK) == 1
+    assert ledger.record_period_ends("acme", WEEK) == 0  # once
+    assert ledger.record_period_ends("other", WEEK) == 0
+    clock[0] = 3_000 * WEEK + 3 * DAY
+    assert not _admitted(ledger, fortnightly, "c")  # without the end: renewed here
+    assert not _admitted(ledger, weekly, "d")
+    clock[0] = 3_001 * WEEK
+    assert _admitted(ledger, fortnightly, "e")
+    assert ledger.account("acme", "u").period == 1
     ledger.close()

@@ -7,6 +7,7 @@ import asyncio
 import json
 import math
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -587,6 +588,53 @@ def test_a_request_that_cannot_start_in_time_is_refunded(ledger: SqlLedger) -> N
     assert "deadline" in body["error"]["message"]
     assert states(ledger) == ["refunded"]
     assert inner.journal == []
+
+
+def test_the_worker_deadline_counts_from_arrival_not_from_the_charge(ledger: SqlLedger) -> None:
+    """Time spent before the charge (waiting to be checked, checking, reserving) shortens
+    the time the worker has to start the request; it never extends it."""
+    inner = FakeWorker(BUNDLE)
+    deadlines: list[float] = []
+
+    async def recording(work):  # type: ignore[no-untyped-def]
+        deadlines.append(work.deadline)
+        return await inner(work)
+
+    flow = charging(ledger, recording, start_timeout=5.0)  # type: ignore[arg-type]
+    early = request(arrived=time.time() - 4.0)
+    reply, _ = run(flow, early)
+    assert reply.status == 200
+    assert deadlines == [early.arrived + 5.0]
+    late, body = run(flow, request(user="bob", arrived=time.time() - 5.1))
+    assert (late.status, body["error"]["code"]) == (429, "tenant_busy")  # refused at the check
+    assert ledger.account("acme", "bob").spent_micro == 0
+    assert len(deadlines) == 1
+
+
+def test_a_request_that_waited_too_long_to_be_checked_is_refused_unchecked(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flow = charging(ledger, FakeWorker(BUNDLE), start_timeout=0.3)
+    checked: list[str] = []
+    real_validate = flow.validate
+
+    def slow_validate(req: ChargedRequest):  # type: ignore[no-untyped-def]
+        checked.append(req.user)
+        time.sleep(0.6)  # the tenant's first request holds its only check slot
+        return real_validate(req)
+
+    monkeypatch.setattr(flow, "validate", slow_validate)
+
+    async def scenario() -> list[Reply]:
+        return list(await asyncio.gather(flow.handle(request()), flow.handle(request("bob"))))
+
+    first, second = asyncio.run(scenario())
+    assert checked == ["alice"]  # bob's request was never split, tokenized or signed
+    assert (second.status, json.loads(second.body)["error"]["code"]) == (429, "tenant_busy")
+    assert "waited" in json.loads(second.body)["error"]["message"]
+    assert ledger.account("acme", "bob").spent_micro == 0
+    assert first.status == 503  # alice's 0.6 s check used up her own 0.3 s start timeout
+    assert states(ledger) == ["refunded"]
 
 
 def test_sampled_documents_are_returned_even_when_settling_a_refund_fails(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -67,3 +69,25 @@ def test_a_secret_file_with_nothing_usable_is_refused(tmp_path: Path) -> None:
     path.write_text("abcd\n")
     with pytest.raises(ValueError, match="at least 16 bytes"):
         read_secrets(path)
+
+
+def test_the_moved_secret_leaves_the_wal_even_while_another_connection_reads(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint cannot truncate the WAL under a reader; the scrub waits for it."""
+    path = tmp_path / "ledger.sqlite3"
+    ledger = open_ledger(f"sqlite:///{path}")
+    with ledger.transaction() as cur:
+        ledger._execute(cur, "INSERT INTO sentdp_meta VALUES ('hmac_secret', :v)", {"v": "ab" * 32})
+    reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM sentdp_meta").fetchone()  # holds a read snapshot
+    ended = threading.Timer(0.5, lambda: reader.execute("COMMIT"))
+    ended.start()
+    ledger.forget_legacy_hmac_secret()  # its checkpoint is busy until the reader ends
+    ended.join()
+    files = sorted(tmp_path.glob("ledger.sqlite3*"))
+    assert len(files) == 3
+    assert all(b"ab" * 32 not in f.read_bytes() for f in files)
+    reader.close()
+    ledger.close()
