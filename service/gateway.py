@@ -105,9 +105,7 @@ class Gateway:
             self.settings.ledger_schema,
             self.settings.idempotency_pending_seconds,
         )
-        for tenant in self.tenants.registry().tenants():
-            if tenant.policy.period_seconds is not None:
-                self.ledger.record_period_ends(tenant.id, tenant.policy.period_seconds)
+        self._record_period_ends()
         harden(self.worker)
         limits = Limits(
             self.settings.max_documents,
@@ -161,6 +159,19 @@ class Gateway:
         if candidates is not None or user is None or epsilon is None:
             return self._error(ctx, classify_forms_error())
         return await self._charged(ctx, user, epsilon, documents, with_labels=True)
+
+    def _record_period_ends(self) -> None:
+        """Record the end of periods opened before schema 4 (see the ledger's
+        ``record_period_ends``). Best effort: the ledger stays correct without it."""
+        for tenant in self.tenants.registry().tenants():
+            if tenant.policy.period_seconds is None:
+                continue
+            try:
+                self.ledger.record_period_ends(tenant.id, tenant.policy.period_seconds, time.time())
+            except Exception:
+                logging.getLogger("sentdp.service").exception(
+                    "could not record period ends for a tenant; they stay as before"
+                )
 
     @bentoml.api(input_spec=BudgetRequest)
     async def budget(self, ctx: bentoml.Context, user: str) -> Budget:

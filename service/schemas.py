@@ -28,13 +28,14 @@ _IGNORABLE = (
     (0xFEFF, 0xFEFF),
     (0xFFA0, 0xFFA0),
     (0xFFF0, 0xFFF8),
+    (0xFFFC, 0xFFFD),
     (0x1BCA0, 0x1BCA3),
     (0x1D173, 0x1D17A),
     (0xE0000, 0xE0FFF),
 )
 """Unicode's Default_Ignorable_Code_Point ranges (characters a renderer may show as
 nothing: variation selectors, the combining grapheme joiner, Hangul fillers), and the
-Braille blank."""
+Braille blank and the object and replacement characters."""
 
 
 def _shown_as_nothing(character: str) -> bool:
@@ -53,8 +54,10 @@ def _visible_nfc(value: str) -> str:
     odd = next((c for c in value if _shown_as_nothing(c)), None)
     if odd is not None:
         raise ValueError(f"ids may not contain U+{ord(odd):04X} (invisible or a special space)")
-    if value != value.strip(" "):
-        raise ValueError("ids may not begin or end with a space")
+    if value != value.strip(" ") or "  " in value:
+        raise ValueError("ids may not begin or end with a space, nor hold two in a row")
+    if unicodedata.category(value[0]).startswith("M"):
+        raise ValueError("ids may not begin with a combining mark")
     if not unicodedata.is_normalized("NFC", value):
         raise ValueError("ids must be in Unicode NFC form (normalise them before sending)")
     return value

@@ -317,6 +317,23 @@ class SqlLedger(abc.ABC):
         """
         now = time.time()
         with self.transaction() as cur:
+            # Rows are locked in the order a reservation locks them (the key, the account,
+            # then document rows), or a refund and a reservation of the same user could each
+            # hold what the other waits for (PostgreSQL; SQLite runs one writer at a time).
+            lock = self._lock_clause()
+            if lock:
+                if idempotency is not None:
+                    self._execute(
+                        cur,
+                        "SELECT 1 FROM sentdp_idempotency WHERE tenant = :t AND user_id = :u "  # noqa: S608 (constants)
+                        "AND key = :k" + lock,
+                        {"t": tenant, "u": user, "k": idempotency.key},
+                    )
+                self._execute(
+                    cur,
+                    "SELECT 1 FROM sentdp_accounts WHERE tenant = :t AND user_id = :u" + lock,  # noqa: S608 (constants)
+                    {"t": tenant, "u": user},
+                )
             # Each charge is matched with its owner too, so a wrong id can never move, or
             # credit, another user's charge.
             owner = {"t": tenant, "u": user, "now": now}
@@ -362,17 +379,20 @@ class SqlLedger(abc.ABC):
         else:
             self._execute(cur, "DELETE FROM sentdp_idempotency " + _OWNED_KEY, params)  # noqa: S608 (constants)
 
-    def record_period_ends(self, tenant: str, period_seconds: int) -> int:
+    def record_period_ends(self, tenant: str, period_seconds: int, now: float) -> int:
         """Give accounts of ``tenant`` whose period has no recorded end (written before
-        schema 4, or by an older sentdp) the end of their window under ``period_seconds``,
-        the tenant's period length now; returns how many. Run at start-up, before anyone can
-        change the length, so a later change renews none of them early."""
+        schema 4, or by an older sentdp) and opened in the window ``now`` falls in under
+        ``period_seconds`` (the tenant's period length now) that window's end; returns how
+        many. Idempotent; run at every start-up. Accounts of earlier windows are left to
+        renew at their next request: their index may be in units of another length, and an
+        end computed from it could lie centuries away."""
+        window = int(now // period_seconds)
         with self.transaction() as cur:
             updated = self._execute(
                 cur,
-                "UPDATE sentdp_accounts SET period_ends = (period_window + 1) * :p "
-                "WHERE tenant = :t AND period_ends IS NULL AND period_window IS NOT NULL",
-                {"t": tenant, "p": int(period_seconds)},
+                "UPDATE sentdp_accounts SET period_ends = :e WHERE tenant = :t "
+                "AND period_ends IS NULL AND period_window = :w",
+                {"t": tenant, "w": window, "e": (window + 1) * int(period_seconds)},
             ).rowcount
         return max(int(updated), 0)
 

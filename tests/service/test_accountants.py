@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import random
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -390,9 +391,9 @@ def test_periods_from_before_schema_4_get_their_end_at_start_up_and_keep_it(
     assert _admitted(ledger, weekly, "b")
     with ledger.transaction() as cur:  # as schema 3 left it
         ledger._execute(cur, "UPDATE sentdp_accounts SET period_ends = NULL")
-    assert ledger.record_period_ends("acme", WEEK) == 1
-    assert ledger.record_period_ends("acme", WEEK) == 0  # once
-    assert ledger.record_period_ends("other", WEEK) == 0
+    assert ledger.record_period_ends("acme", WEEK, clock[0]) == 1
+    assert ledger.record_period_ends("acme", WEEK, clock[0]) == 0  # once
+    assert ledger.record_period_ends("other", WEEK, clock[0]) == 0
     clock[0] = 3_000 * WEEK + 3 * DAY
     assert not _admitted(ledger, fortnightly, "c")  # without the end: renewed here
     assert not _admitted(ledger, weekly, "d")
@@ -400,3 +401,75 @@ def test_periods_from_before_schema_4_get_their_end_at_start_up_and_keep_it(
     assert _admitted(ledger, fortnightly, "e")
     assert ledger.account("acme", "u").period == 1
     ledger.close()
+
+
+def test_a_period_from_another_length_gets_no_end_and_renews_as_before(
+    ledger_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window index written under a length the tenant no longer has (changed under schema
+    3) says nothing about when its period ends: start-up leaves it alone, and the next
+    request renews it as schema 3 did, instead of an end in the year 3677 freezing it."""
+    ledger = open_ledger(*ledger_url)
+    daily, monthly = (Policy(1, 10 * MICRO, period_seconds=d * DAY) for d in (1, 30))
+    clock = _clocked(monkeypatch, 20_000 * DAY + 3_600)
+    assert _admitted(ledger, daily, "a")
+    assert _admitted(ledger, daily, "b")
+    with ledger.transaction() as cur:  # as schema 3 left it
+        ledger._execute(cur, "UPDATE sentdp_accounts SET period_ends = NULL")
+    assert ledger.record_period_ends("acme", 30 * DAY, clock[0]) == 0
+    assert _admitted(ledger, monthly, "c")
+    assert ledger.account("acme", "u").period == 1
+    ledger.close()
+
+
+def test_a_refund_and_a_reservation_of_the_same_document_do_not_deadlock(
+    ledger_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refund that has credited a document row, while a reservation of the same user and
+    document starts: both must lock the account before the document, or PostgreSQL aborts
+    one of them as a deadlock (a reviewer saw the reservation fail with 503, and then the
+    refund lost, its charge left reserved and its key pending)."""
+    refunding, reserving = open_ledger(*ledger_url), open_ledger(*ledger_url)
+    policy = Policy(1, 10 * MICRO, composition=PER_DOCUMENT)
+    charge = Charge("deepcandidate", MICRO, 1, ("d1",))
+    first = refunding.reserve("acme", "u", charge, policy, "r0")
+    assert isinstance(first, Reservation)
+    execute = SqlLedger._execute
+
+    def slow_after_the_document(self, cur, sql, params=None):  # type: ignore[no-untyped-def]
+        out = execute(self, cur, sql, params)
+        if self is refunding and sql.startswith("UPDATE sentdp_documents"):
+            time.sleep(1.0)  # the reservation starts meanwhile
+        return out
+
+    monkeypatch.setattr(SqlLedger, "_execute", slow_after_the_document)
+    outcome: dict[str, object] = {}
+
+    def run(name: str, call) -> None:  # type: ignore[no-untyped-def]
+        try:
+            outcome[name] = call()
+        except Exception as error:
+            outcome[name] = error
+
+    threads = [
+        threading.Thread(
+            target=run, args=("settle", lambda: refunding.settle("acme", "u", [], first.charge_ids))
+        ),
+        threading.Thread(
+            target=run,
+            args=(
+                "reserve",
+                lambda: (time.sleep(0.3), reserving.reserve("acme", "u", charge, policy, "r1")),
+            ),
+        ),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not isinstance(outcome["settle"], Exception), outcome["settle"]
+    assert not isinstance(outcome["reserve"], Exception), outcome["reserve"]
+    assert [c["state"] for c in refunding.charges()] == ["refunded", "reserved"]
+    assert refunding.account("acme", "u").spend_units == MICRO
+    refunding.close()
+    reserving.close()

@@ -164,6 +164,8 @@ def test_special_epsilons_are_400(server: Server, epsilon: str) -> None:
         ("a\x85b", 400),  # C1 control
         ("a\u00a0b", 400),  # no-break space: "a b" to the eye
         (" alice", 400),  # a space at either end
+        ("a  b", 400),  # two spaces, which HTML shows as one
+        ("\u0301a", 400),  # a combining mark with nothing to combine with
         ("alice\ufe0f", 400),  # a variation selector (default-ignorable)
         ("a\u3164b", 400),  # a Hangul filler, drawn as nothing
         ("caf\u00e9 \u4e2d\u6587 \U0001f600", 402),  # visible NFC text is an id (budget 0)
