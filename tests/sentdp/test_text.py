@@ -164,3 +164,19 @@ def test_a_refused_document_is_read_only_one_sentence_past_the_limit() -> None:
     segments = []
     list(paragraph_spans("\n\n\u2028" * 10_000, lambda p: segments.append(p) or iter(())))
     assert segments == []  # no blank paragraph is even handed to the segmenter
+
+
+def test_a_replaced_tokenize_is_what_splits_documents() -> None:
+    """Reading spans lazily is an optimisation of sentdp's own rule only: a subclass's
+    tokenize (or the audit's naive-splitter mutant, which replaces the class's) is obeyed."""
+
+    class Naive(SentenceSplitter):
+        def tokenize(self, s: str) -> list[str]:
+            return [part for part in re.split(r"(?<=[.!?])\s+", s.strip()) if part]
+
+    text = "Dr. No went home. He slept."
+    assert split_document(text, Naive(), TextLimits()) == ["Dr.", "No went home.", "He slept."]
+    assert split_document(text, SentenceSplitter(), TextLimits()) == [
+        "Dr. No went home.",
+        "He slept.",
+    ]
