@@ -239,6 +239,12 @@ def _clocked(monkeypatch: pytest.MonkeyPatch, start: float) -> list[float]:
     return clock
 
 
+def _as_schema_3_left_it(ledger: SqlLedger) -> None:
+    """Forget every period's end, as accounts written before schema 4 have none."""
+    with ledger.transaction() as cur:
+        ledger._execute(cur, "UPDATE sentdp_accounts SET period_ends = NULL")
+
+
 def _admitted(
     ledger: SqlLedger, policy: Policy, request: str, charge: Charge | None = None
 ) -> bool:
@@ -389,8 +395,7 @@ def test_periods_from_before_schema_4_get_their_end_at_start_up_and_keep_it(
     clock = _clocked(monkeypatch, 3_000 * WEEK + DAY)
     assert _admitted(ledger, weekly, "a")
     assert _admitted(ledger, weekly, "b")
-    with ledger.transaction() as cur:  # as schema 3 left it
-        ledger._execute(cur, "UPDATE sentdp_accounts SET period_ends = NULL")
+    _as_schema_3_left_it(ledger)
     assert ledger.record_period_ends("acme", WEEK, clock[0]) == 1
     assert ledger.record_period_ends("acme", WEEK, clock[0]) == 0  # once
     assert ledger.record_period_ends("other", WEEK, clock[0]) == 0
@@ -414,8 +419,7 @@ def test_a_period_from_another_length_gets_no_end_and_renews_as_before(
     clock = _clocked(monkeypatch, 20_000 * DAY + 3_600)
     assert _admitted(ledger, daily, "a")
     assert _admitted(ledger, daily, "b")
-    with ledger.transaction() as cur:  # as schema 3 left it
-        ledger._execute(cur, "UPDATE sentdp_accounts SET period_ends = NULL")
+    _as_schema_3_left_it(ledger)
     assert ledger.record_period_ends("acme", 30 * DAY, clock[0]) == 0
     assert _admitted(ledger, monthly, "c")
     assert ledger.account("acme", "u").period == 1
