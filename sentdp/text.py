@@ -180,8 +180,8 @@ class SentenceSplitter:
 
 
 _OWN_TOKENIZE = SentenceSplitter.tokenize
-"""The rule as defined here: a replaced ``tokenize`` (a subclass's, or a test's mutant) is
-called as it is, never bypassed by reading spans."""
+"""The rule as defined here: a replaced ``tokenize`` (a subclass's, a test's mutant of the
+class, or one set on an instance) is called as it is, never bypassed by reading spans."""
 
 
 def _clean(sentence: str, limits: TextLimits) -> str:
@@ -204,7 +204,8 @@ def split_document(text: str, splitter: Tokenizer, limits: TextLimits) -> list[s
     if not isinstance(text, str):
         raise InputError(f"a document must be a string, got {type(text).__name__}")
     pieces: Iterable[str]
-    if isinstance(splitter, SentenceSplitter) and type(splitter).tokenize is _OWN_TOKENIZE:
+    own = getattr(splitter.tokenize, "__func__", None) is _OWN_TOKENIZE
+    if own and isinstance(splitter, SentenceSplitter):
         # sentdp's tokenize is the list of these spans: read them lazily
         pieces = (text[left:right] for left, right in splitter.span_tokenize(text))
     else:

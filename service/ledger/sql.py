@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import logging
 import re
 import threading
 import time
@@ -197,7 +198,13 @@ class SqlLedger(abc.ABC):
             if now - self._last_purge < PURGE_INTERVAL_SECONDS:
                 return
             self._last_purge = now
-        self.purge_expired(now)
+        try:
+            self.purge_expired(now)
+        except Exception:  # housekeeping: the request it rides on must not fail for it
+            logging.getLogger("sentdp.service").warning(
+                "purging expired idempotency rows failed; the next purge retries",
+                exc_info=True,
+            )
 
     # --- the ledger's operations ---------------------------------------------------------
     def account(self, tenant: str, user: str, policy: Policy | None = None) -> Account:

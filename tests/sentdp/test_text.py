@@ -176,6 +176,9 @@ def test_a_replaced_tokenize_is_what_splits_documents() -> None:
 
     text = "Dr. No went home. He slept."
     assert split_document(text, Naive(), TextLimits()) == ["Dr.", "No went home.", "He slept."]
+    patched = SentenceSplitter()
+    patched.tokenize = Naive().tokenize  # type: ignore[method-assign]
+    assert split_document(text, patched, TextLimits()) == ["Dr.", "No went home.", "He slept."]
     assert split_document(text, SentenceSplitter(), TextLimits()) == [
         "Dr. No went home.",
         "He slept.",

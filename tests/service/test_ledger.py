@@ -110,6 +110,20 @@ def test_a_settlement_moves_only_its_own_users_charges(ledger: SqlLedger) -> Non
     assert_invariant(ledger)
 
 
+def test_a_failing_purge_does_not_fail_the_reservation_it_rides_on(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Purging expired keys is housekeeping (a reviewer saw two purges and a key claim
+    deadlock on PostgreSQL): the request that triggered it is reserved all the same."""
+
+    def deadlocked(now: float | None = None) -> int:
+        raise RuntimeError("deadlock detected")
+
+    monkeypatch.setattr(ledger, "purge_expired", deadlocked)
+    reserve(ledger)
+    assert ledger.account("acme", "alice").spent_micro == MICRO
+
+
 def test_tenants_and_users_have_separate_accounts(ledger: SqlLedger) -> None:
     reserve(ledger, "bob")
     ledger.reserve("other", "bob", ONE, POLICY, "req")
