@@ -147,6 +147,9 @@ class ChargedRequest:
     arrived: float = field(default_factory=time.time)
     """When the request reached the gateway (Unix seconds): its worker deadline counts from
     here, so time spent waiting to be checked shortens it rather than adding to it."""
+    arrived_monotonic: float = field(default_factory=time.monotonic)
+    """The same moment on this process's monotonic clock, for measuring waits here (a step
+    of the wall clock must not make a request look late)."""
 
     @property
     def endpoint(self) -> str:
@@ -257,7 +260,7 @@ class Charging:
         except BaseException:
             self.checks.leave(tenant, held=False)
             raise
-        waited = time.time() - request.arrived
+        waited = time.monotonic() - request.arrived_monotonic
         if waited > self.limits.start_timeout:  # it could not reach the worker in time anyway
             self.checks.leave(tenant, held=True)
             raise tenant_busy(

@@ -605,7 +605,10 @@ def test_the_worker_deadline_counts_from_arrival_not_from_the_charge(ledger: Sql
     reply, _ = run(flow, early)
     assert reply.status == 200
     assert deadlines == [early.arrived + 5.0]
-    late, body = run(flow, request(user="bob", arrived=time.time() - 5.1))
+    late, body = run(
+        flow,
+        request(user="bob", arrived=time.time() - 5.1, arrived_monotonic=time.monotonic() - 5.1),
+    )
     assert (late.status, body["error"]["code"]) == (429, "tenant_busy")  # refused at the check
     assert ledger.account("acme", "bob").spent_micro == 0
     assert len(deadlines) == 1
