@@ -164,10 +164,8 @@ class Gateway:
         """Record the end of periods opened before schema 4 (see the ledger's
         ``record_period_ends``). Best effort: the ledger stays correct without it."""
         for tenant in self.tenants.registry().tenants():
-            if tenant.policy.period_seconds is None:
-                continue
             try:
-                self.ledger.record_period_ends(tenant.id, tenant.policy.period_seconds, time.time())
+                self.ledger.record_period_ends(tenant.id, tenant.policy, time.time())
             except Exception:
                 logging.getLogger("sentdp.service").exception(
                     "could not record period ends for a tenant; they stay as before"

@@ -26,10 +26,8 @@ def budget_view(account: Account, policy: Policy) -> Budget:
     spent = to_epsilon(account.spent_micro)
     spend = to_epsilon(policy.multiplier * account.spend_units)
     left = to_epsilon(policy.remaining_units(account.spend_units))
-    kept_by = account.accountant
-    if kept_by in (None, policy.name) or account.spend_units == 0:
-        kept_by = None
-    else:  # the period's spend is in another accountant's units, and requests get 409
+    kept_by = account.kept_by_another(policy.name)
+    if kept_by is not None:  # its spend is in another accountant's units; requests get 409
         left = 0.0
     if policy.accounting == PURE:
         next_epsilon = left / policy.group_size

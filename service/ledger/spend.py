@@ -144,8 +144,9 @@ def prepare(
             # sentdp): record the end, renew nothing.
             ledger._execute(cur, _OPEN_WINDOW + "period_window = :w", params | {"r": 0})
         account = read_account(ledger, cur, tenant, user)
-    if account.accountant not in (None, policy.name) and account.spend_units > 0:
-        raise AccountantChangedError(account.accountant or "", policy.name)
+    kept_by = account.kept_by_another(policy.name)
+    if kept_by is not None:
+        raise AccountantChangedError(kept_by, policy.name)
     return account
 
 

@@ -386,20 +386,22 @@ class SqlLedger(abc.ABC):
         else:
             self._execute(cur, "DELETE FROM sentdp_idempotency " + _OWNED_KEY, params)  # noqa: S608 (constants)
 
-    def record_period_ends(self, tenant: str, period_seconds: int, now: float) -> int:
+    def record_period_ends(self, tenant: str, policy: Policy, now: float) -> int:
         """Give accounts of ``tenant`` whose period has no recorded end (written before
         schema 4, or by an older sentdp) and opened in the window ``now`` falls in under
-        ``period_seconds`` (the tenant's period length now) that window's end; returns how
-        many. Idempotent; run at every start-up. Accounts of earlier windows are left to
-        renew at their next request: their index may be in units of another length, and an
-        end computed from it could lie centuries away."""
-        window = int(now // period_seconds)
+        ``policy`` (the tenant's period length now) that window's end; returns how many
+        (none without automatic renewal). Idempotent; run at every start-up. Accounts of
+        earlier windows are left to renew at their next request: their index may be in
+        units of another length, and an end computed from it could lie centuries away."""
+        window, end = policy.window(now), policy.window_end(now)
+        if window is None:
+            return 0
         with self.transaction() as cur:
             updated = self._execute(
                 cur,
                 "UPDATE sentdp_accounts SET period_ends = :e WHERE tenant = :t "
                 "AND period_ends IS NULL AND period_window = :w",
-                {"t": tenant, "w": window, "e": (window + 1) * int(period_seconds)},
+                {"t": tenant, "w": window, "e": end},
             ).rowcount
         return max(int(updated), 0)
 

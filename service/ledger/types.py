@@ -28,6 +28,14 @@ class Account:
     spend_units: int = 0
     accountant: str | None = None
 
+    def kept_by_another(self, accountant: str) -> str | None:
+        """The accountant that kept this period's spend, if it is not ``accountant`` (the
+        tenant's now): the spend is then in that accountant's units, and requests get 409
+        until a new period opens."""
+        if self.accountant in (None, accountant) or self.spend_units <= 0:
+            return None
+        return self.accountant
+
 
 @dataclass(frozen=True)
 class IdempotencyKey:

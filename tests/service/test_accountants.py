@@ -396,9 +396,10 @@ def test_periods_from_before_schema_4_get_their_end_at_start_up_and_keep_it(
     assert _admitted(ledger, weekly, "a")
     assert _admitted(ledger, weekly, "b")
     _as_schema_3_left_it(ledger)
-    assert ledger.record_period_ends("acme", WEEK, clock[0]) == 1
-    assert ledger.record_period_ends("acme", WEEK, clock[0]) == 0  # once
-    assert ledger.record_period_ends("other", WEEK, clock[0]) == 0
+    assert ledger.record_period_ends("acme", weekly, clock[0]) == 1
+    assert ledger.record_period_ends("acme", weekly, clock[0]) == 0  # once
+    assert ledger.record_period_ends("other", weekly, clock[0]) == 0
+    assert ledger.record_period_ends("acme", Policy(1, 10 * MICRO), clock[0]) == 0  # no clock
     clock[0] = 3_000 * WEEK + 3 * DAY
     assert not _admitted(ledger, fortnightly, "c")  # without the end: renewed here
     assert not _admitted(ledger, weekly, "d")
@@ -420,7 +421,7 @@ def test_a_period_from_another_length_gets_no_end_and_renews_as_before(
     assert _admitted(ledger, daily, "a")
     assert _admitted(ledger, daily, "b")
     _as_schema_3_left_it(ledger)
-    assert ledger.record_period_ends("acme", 30 * DAY, clock[0]) == 0
+    assert ledger.record_period_ends("acme", monthly, clock[0]) == 0
     assert _admitted(ledger, monthly, "c")
     assert ledger.account("acme", "u").period == 1
     ledger.close()
