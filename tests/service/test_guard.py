@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import threading
+import time
 from typing import Any
 
 import pytest
 
+from service import guard
 from service.guard import GuardMiddleware, bearer_token, is_json, json_depth_exceeds
 from service.tenants import Tenant, TenantRegistry, hash_key
 
@@ -29,6 +33,65 @@ REGISTRY = TenantRegistry(
 )
 def test_json_depth_is_counted_outside_strings(body: bytes, limit: int, deeper: bool) -> None:
     assert json_depth_exceeds(body, limit) is deeper
+
+
+def _depth_by_loop(body: bytes, limit: int) -> bool:
+    """The byte-by-byte scan the vectorised one replaced: the reference."""
+    depth, in_string, escaped = 0, False, False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def _json_like(rng: random.Random) -> bytes:
+    """Brackets, commas and string literals whose text holds brackets, quotes and runs of
+    backslashes (escaped as JSON escapes them); sometimes a last string left open."""
+    parts = []
+    for _ in range(rng.randrange(0, 40)):
+        kind = rng.random()
+        if kind < 0.5:
+            parts.append(rng.choice(["[", "{", "]", "}", ",", " "]))
+        else:
+            text = "".join(rng.choice('ab[]{}"\\') for _ in range(rng.randrange(0, 8)))
+            parts.append(json.dumps(text))
+    if rng.random() < 0.2:
+        parts.append('"' + "".join(rng.choice("[{\\a") for _ in range(rng.randrange(0, 6))))
+    return "".join(parts).encode()
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 20])
+def test_the_vectorised_depth_scan_equals_the_byte_loop(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(guard, "DEPTH_CHUNK", chunk)
+    rng = random.Random(chunk)
+    deeper = 0
+    bodies = 3000 if chunk > 3 else 600  # byte-sized chunks are slow to scan
+    for _ in range(bodies):
+        body = _json_like(rng)
+        for limit in (1, 2, 4):
+            expected = _depth_by_loop(body, limit)
+            assert json_depth_exceeds(body, limit) is expected, (body, limit)
+            deeper += expected
+    assert 0.05 < deeper / (3 * bodies) < 0.95  # both outcomes are exercised
+    # a backslash run across chunk boundaries: odd, it escapes the quote after it; even, not
+    for run, exceeds in ((13, False), (12, True)):
+        body = b'["' + bytes([0x5C]) * run + b'"[[[[[[["]'
+        assert json_depth_exceeds(body, 2) is _depth_by_loop(body, 2) is exceeds
 
 
 def test_media_types_and_bearer_tokens() -> None:
@@ -121,3 +184,74 @@ def test_metrics_need_their_own_token(
     headers = [(b"authorization", f"Bearer {sent}".encode())] if sent else []
     got_status, got_code, _ = call(headers, b"", path="/metrics", metrics_token=configured)
     assert (got_status, got_code) == (status, code)
+
+
+def test_large_bodies_are_scanned_one_per_tenant_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    running: dict[bytes, int] = {}
+    most: dict[bytes, int] = {}
+    finished: list[bytes] = []
+    lock = threading.Lock()
+
+    def slow_scan(body: bytes, limit: int) -> bool:
+        tenant = body[:1]
+        with lock:
+            running[tenant] = running.get(tenant, 0) + 1
+            most[tenant] = max(most.get(tenant, 0), running[tenant])
+        time.sleep(0.2)
+        with lock:
+            running[tenant] -= 1
+            finished.append(body[:2])
+        return False
+
+    monkeypatch.setattr(guard, "json_depth_exceeds", slow_scan)
+    large = guard.INLINE_SCAN_BYTES
+
+    async def scenario() -> list[bool | None]:
+        scans = guard.DepthScans(threads=4, waiting=1)
+        bodies = [("a", b"a1"), ("a", b"a2"), ("b", b"b1"), ("a", b"a3")]
+        tasks = []
+        for tenant, name in bodies:
+            tasks.append(asyncio.create_task(scans.exceeds(tenant, name.ljust(large, b" "), 4)))
+            await asyncio.sleep(0.01)
+        results = await asyncio.gather(*tasks)
+        assert not scans._turns  # nothing left behind
+        assert not scans._queued
+        # a small body is scanned at once, on the loop, even while the tenant is busy
+        assert await scans.exceeds("a", b"[[[[[[]]]]]]", 4) is not None
+        return list(results)
+
+    results = asyncio.run(scenario())
+    assert results == [False, False, False, None]  # a's third body found two of a's waiting
+    assert (most[b"a"], most[b"b"]) == (1, 1)
+    assert finished.index(b"b1") < finished.index(b"a2")  # b did not queue behind a
+
+
+def test_a_cancelled_scan_keeps_its_tenants_turn_until_its_thread_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events: list[str] = []
+
+    def slow_scan(body: bytes, limit: int) -> bool:
+        events.append(f"start {body[:2].decode()}")
+        time.sleep(0.3)
+        events.append(f"end {body[:2].decode()}")
+        return False
+
+    monkeypatch.setattr(guard, "json_depth_exceeds", slow_scan)
+    large = guard.INLINE_SCAN_BYTES
+
+    async def scenario() -> None:
+        scans = guard.DepthScans(threads=4)
+        first = asyncio.create_task(scans.exceeds("a", b"a1".ljust(large), 4))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(scans.exceeds("a", b"a2".ljust(large), 4))
+        await asyncio.sleep(0.01)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert await second is False
+
+    asyncio.run(scenario())
+    assert events == ["start a1", "end a1", "start a2", "end a2"]
