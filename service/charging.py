@@ -21,6 +21,7 @@ framework, so it can be read in one place and tested with a real ledger and a fa
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import time
 import uuid
@@ -81,6 +82,13 @@ VOTE_MECHANISM = "sentence-vote"
 CHECK_THREADS = 8
 """Threads that check requests (split, tokenize, sign) in a gateway process, shared by all
 tenants; each tenant uses at most ``Limits.tenant_checks`` of them at once."""
+LEDGER_THREADS = 8
+"""Threads for the ledger's calls: a pool of their own, so no other work queues in front of
+a reservation or a settlement."""
+READ_THREADS = 2
+"""Threads for the free reads (label lookups, ``/budget``), each tenant one at a time."""
+READS_WAITING = 16
+"""A tenant's free reads waiting per process beyond the one running; more get 429."""
 
 
 ROW_TOKENS = 1
@@ -219,6 +227,9 @@ class Charging:
         # Not asyncio's default pool, which the ledger's calls use: a queue of checks there
         # would hold every tenant's reservations back.
         self._checkers = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="sentdp-check")
+        self._ledger_calls = ThreadPoolExecutor(LEDGER_THREADS, thread_name_prefix="sentdp-ledger")
+        self.reads = TenantChecks(1, READS_WAITING)
+        self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="sentdp-read")
         self.splitter = SentenceSplitter()
         self.slack = {v.record.name: privacy_slack(v.record.candidates) for v in bundle.variants}
         self.vote_slack = 0.0 if bundle.vote is None else vote_slack(bundle.vote.classes)
@@ -250,35 +261,58 @@ class Charging:
         """:meth:`validate` on the checking threads, within the tenant's share of them (429
         when its queue is full, before any work)."""
         tenant = request.tenant.id
-        if not self.checks.try_enter(tenant):
-            raise tenant_busy(
-                tenant,
-                f"this tenant has {self.checks.in_queue(tenant)} requests waiting to be checked",
-            )
-        try:
-            await self.checks.acquire(tenant)
-        except BaseException:
-            self.checks.leave(tenant, held=False)
-            raise
-        waited = time.monotonic() - request.arrived_monotonic
-        if waited > self.limits.start_timeout:  # it could not reach the worker in time anyway
-            self.checks.leave(tenant, held=True)
-            raise tenant_busy(
-                tenant,
-                f"this request waited {waited:.0f} s behind this tenant's own "
-                "requests to be checked",
-            )
-        loop = asyncio.get_running_loop()
-        try:
-            running = self._checkers.submit(self.validate, request)
-        except BaseException:
-            self.checks.leave(tenant, held=True)
-            raise
-        # The slot comes back when the check has run (or was cancelled before it started),
-        # not when this coroutine stops waiting for it.
-        running.add_done_callback(
-            lambda _: loop.call_soon_threadsafe(self.checks.leave, tenant, True)
+
+        def in_time() -> None:  # a request that waited this long could not reach the worker
+            waited = time.monotonic() - request.arrived_monotonic
+            if waited > self.limits.start_timeout:
+                raise tenant_busy(
+                    tenant,
+                    f"this request waited {waited:.0f} s behind this tenant's own "
+                    "requests to be checked",
+                )
+
+        admission: Admission = await self._in_turn(
+            self.checks,
+            self._checkers,
+            tenant,
+            lambda: (
+                f"this tenant has {self.checks.in_queue(tenant)} requests waiting to be checked"
+            ),
+            in_time,
+            self.validate,
+            request,
         )
+        return admission
+
+    @staticmethod
+    async def _in_turn(
+        gate: TenantChecks,
+        pool: ThreadPoolExecutor,
+        tenant: str,
+        busy: Callable[[], str],
+        on_turn: Callable[[], None],
+        function: Callable[..., Any],
+        *args: Any,
+    ) -> Any:
+        """``function(*args)`` on ``pool`` in one of the tenant's turns at ``gate`` (429
+        ``busy()`` when its queue there is full; ``on_turn`` may still refuse once the turn
+        comes). The turn comes back when the call has run (or was cancelled before it
+        started), not when the caller stops waiting for it, so cancelling frees nothing."""
+        if not gate.try_enter(tenant):
+            raise tenant_busy(tenant, busy())
+        try:
+            await gate.acquire(tenant)
+        except BaseException:
+            gate.leave(tenant, held=False)
+            raise
+        try:
+            on_turn()
+            running = pool.submit(contextvars.copy_context().run, function, *args)
+        except BaseException:
+            gate.leave(tenant, held=True)
+            raise
+        loop = asyncio.get_running_loop()
+        running.add_done_callback(lambda _: loop.call_soon_threadsafe(gate.leave, tenant, True))
         return await asyncio.wrap_future(running)
 
     async def _admitted(self, request: ChargedRequest, admission: Admission) -> Reply:
@@ -526,9 +560,26 @@ class Charging:
         return True
 
     async def _ledger(self, operation: str, function: Callable[..., Any], *args: Any) -> Any:
-        """A ledger call on a thread (database calls never block the event loop)."""
+        """A ledger call on the ledger's threads (database calls never block the event loop)."""
         started = time.perf_counter()
         try:
-            return await asyncio.to_thread(function, *args)
+            call = contextvars.copy_context().run
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._ledger_calls, call, function, *args)
         finally:
             metric("ledger_seconds").labels(operation).observe(time.perf_counter() - started)
+
+    async def read(self, tenant: str, function: Callable[..., Any], *args: Any) -> Any:
+        """A free read for ``tenant`` (a label lookup, its users' budgets) on threads of their
+        own, one of the tenant's at a time: a tenant's flood of reads waits behind itself,
+        not in front of other tenants' requests or the ledger's writes; 429 ``tenant_busy``
+        past :data:`READS_WAITING` waiting."""
+        return await self._in_turn(
+            self.reads,
+            self._readers,
+            tenant,
+            lambda: f"this tenant has {self.reads.in_queue(tenant)} reads waiting to run",
+            lambda: None,
+            function,
+            *args,
+        )

@@ -152,8 +152,11 @@ class Gateway:
         if documents is None:
             if model is None or candidates is None:
                 return self._error(ctx, classify_forms_error())
+            tenant = self._tenant(ctx)
+            if tenant is None:
+                return self._error(ctx, unauthorized())
             try:
-                return await asyncio.to_thread(self.lookups.labels, model, candidates)
+                return await self.charging.read(tenant.id, self.lookups.labels, model, candidates)
             except ApiError as error:
                 return self._error(ctx, error)
         if candidates is not None or user is None or epsilon is None:
@@ -177,7 +180,12 @@ class Gateway:
         tenant = self._tenant(ctx)
         if tenant is None:
             return self._error(ctx, unauthorized())
-        account = await asyncio.to_thread(self.ledger.account, tenant.id, user, tenant.policy)
+        try:
+            account = await self.charging.read(
+                tenant.id, self.ledger.account, tenant.id, user, tenant.policy
+            )
+        except ApiError as error:
+            return self._error(ctx, error)
         return budget_view(account, tenant.policy)
 
     async def __is_ready__(self) -> bool:

@@ -142,22 +142,34 @@ class ComputeThread:
         return self._executor.submit(function, *args, **kwargs).result()
 
 
+MOST_REQUESTS_IN_FLIGHT = 64
+"""A request counts against its tenant's load as at least ``1 / 64`` of the limit, so a tenant
+has at most this many requests in flight per process however small they are: each costs
+two ledger writes whatever its size, and those writes are shared by every tenant."""
+
+
 class TenantLoad:
-    """Sentences each tenant has in flight in this process (one event loop: no lock)."""
+    """Work each tenant has in flight in this process, in padded tokens (one event loop: no
+    lock); a request weighs at least ``limit // MOST_REQUESTS_IN_FLIGHT``."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.least = limit // MOST_REQUESTS_IN_FLIGHT
         self._inflight: dict[str, int] = {}
 
-    def try_acquire(self, tenant: str, sentences: int) -> bool:
+    def weight(self, cost: int) -> int:
+        """What a request of ``cost`` tokens counts against the limit."""
+        return max(cost, self.least)
+
+    def try_acquire(self, tenant: str, cost: int) -> bool:
         current = self._inflight.get(tenant, 0)
-        if current + sentences > self.limit:
+        if current + self.weight(cost) > self.limit:
             return False
-        self._inflight[tenant] = current + sentences
+        self._inflight[tenant] = current + self.weight(cost)
         return True
 
-    def release(self, tenant: str, sentences: int) -> None:
-        left = self._inflight.get(tenant, 0) - sentences
+    def release(self, tenant: str, cost: int) -> None:
+        left = self._inflight.get(tenant, 0) - self.weight(cost)
         if left > 0:
             self._inflight[tenant] = left
         else:

@@ -16,7 +16,9 @@ import pytest
 from sentdp.accounting import MICRO
 from sentdp.bundle import Bundle
 from sentdp.text import TextLimits
+from service import charging as charging_module
 from service.charging import ChargedRequest, Charging, Reply, work_cost
+from service.errors import ApiError
 from service.idempotency import BodySigner
 from service.ledger import SqlLedger, open_ledger
 from service.scheduling import TenantChecks
@@ -730,3 +732,60 @@ def test_a_tenant_checks_a_few_requests_at_once_and_queues_a_bounded_number(
     assert flow.checks.in_queue("acme") == 0
     assert ledger.account("acme", "u3").spent_micro == 0
     assert ledger.account("acme", "u0").spent_micro == 0  # cancelled before it was charged
+
+
+def test_free_reads_run_one_per_tenant_on_their_own_threads(ledger: SqlLedger) -> None:
+    """A flood of one tenant's reads (label lookups, /budget) waits behind itself, not in front
+    of another tenant's reads; past the waiting limit it is refused, before any work."""
+    flow = charging(ledger, FakeWorker(BUNDLE))
+    running: dict[str, int] = {}
+    most: dict[str, int] = {}
+    threads: set[str] = set()
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def slow_read(tenant: str, name: str) -> str:
+        with lock:
+            running[tenant] = running.get(tenant, 0) + 1
+            most[tenant] = max(most.get(tenant, 0), running[tenant])
+            threads.add(threading.current_thread().name)
+        time.sleep(0.05)
+        with lock:
+            running[tenant] -= 1
+            order.append(name)
+        return name
+
+    async def scenario() -> list[object]:
+        flood = [
+            asyncio.create_task(flow.read("a", slow_read, "a", f"a{n}"))
+            for n in range(charging_module.READS_WAITING + 2)
+        ]
+        await asyncio.sleep(0.01)
+        other = await flow.read("b", slow_read, "b", "b0")
+        return [other, *await asyncio.gather(*flood, return_exceptions=True)]
+
+    other, *flood = asyncio.run(scenario())
+    assert other == "b0"
+    assert order.index("b0") <= 2  # not behind a's queue
+    assert (most["a"], most["b"]) == (1, 1)
+    assert threads <= {f"sentdp-read_{n}" for n in range(charging_module.READ_THREADS)}
+    refused = [r for r in flood if isinstance(r, ApiError)]
+    assert len(refused) == 1  # one running and READS_WAITING waiting were let in
+    assert refused[0].code == "tenant_busy"
+    assert not flow.reads.in_queue("a")
+
+
+def test_ledger_calls_run_on_the_ledgers_own_threads(ledger: SqlLedger) -> None:
+    flow = charging(ledger, FakeWorker(BUNDLE))
+    seen: list[str] = []
+    reserve = ledger.reserve
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(threading.current_thread().name)
+        return reserve(*args, **kwargs)
+
+    ledger.reserve = recorded  # type: ignore[method-assign]
+    reply, _ = run(flow, request())
+    assert reply.status == 200
+    assert seen
+    assert all(name.startswith("sentdp-ledger") for name in seen)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from service.scheduling import ComputeThread, FairGate, Turn
+from service.scheduling import ComputeThread, FairGate, TenantLoad, Turn
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -213,3 +213,19 @@ def test_the_caller_gets_the_result_or_the_exception() -> None:
     with pytest.raises(ValueError, match="from the compute thread"):
         compute.run(fail)
     assert compute.run(sum, [1, 2]) == 3  # the thread survives a failed call
+
+
+def test_a_tenants_smallest_requests_still_count_a_64th_of_its_limit() -> None:
+    load = TenantLoad(6400)
+    assert [load.try_acquire("a", 1) for _ in range(65)] == [True] * 64 + [False]
+    assert load.try_acquire("b", 1)  # another tenant's share is its own
+    load.release("a", 1)
+    assert load.try_acquire("a", 1)
+    assert not load.try_acquire("a", 1)
+    # large requests weigh what they cost, and a small limit keeps its plain arithmetic
+    large = TenantLoad(6400)
+    assert large.try_acquire("a", 6000)
+    assert not large.try_acquire("a", 401)
+    assert large.try_acquire("a", 400)
+    small = TenantLoad(24)
+    assert (small.try_acquire("a", 20), small.try_acquire("a", 4)) == (True, True)
