@@ -394,7 +394,11 @@ class Charging:
         except Exception:
             logger.exception("ledger reserve failed (request %s)", request.request_id)
             raise ApiError(
-                Code.LEDGER_UNAVAILABLE, "the ledger is unavailable; nothing was charged; retry"
+                Code.LEDGER_UNAVAILABLE,
+                # a connection lost during COMMIT may have committed: the charge may count
+                "the ledger is unavailable and the request did not run; if the ledger failed "
+                "while recording the charge it may still count, so retry with the same "
+                "Idempotency-Key",
             ) from None
 
     # --- run and settle ------------------------------------------------------------------

@@ -502,6 +502,9 @@ def test_a_ledger_that_fails_on_reserve_charges_nothing(
     reply, body = run(flow, request())
     assert (reply.status, body["error"]["code"]) == (503, "ledger_unavailable")
     assert worker.calls == 0
+    # a lost connection at COMMIT may have committed: the reply must not promise no charge
+    assert "did not run" in body["error"]["message"]
+    assert "nothing was charged" not in body["error"]["message"]
 
 
 def test_a_ledger_that_fails_on_settle_keeps_the_charge_counted(
