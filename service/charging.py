@@ -49,7 +49,7 @@ from service.ledger import (
 )
 from service.logs import log_event, logger
 from service.metrics import metric
-from service.scheduling import TenantChecks, TenantLoad
+from service.scheduling import TenantChecks, TenantLoad, TurnRefusedError, in_turn
 from service.schemas import (
     BACKLOG_ERROR,
     DocumentIn,
@@ -86,7 +86,7 @@ LEDGER_THREADS = 8
 """Threads for the ledger's calls: a pool of their own, so no other work queues in front of
 a reservation or a settlement."""
 READ_THREADS = 2
-"""Threads for the free reads (label lookups, ``/budget``), each tenant one at a time."""
+"""Threads for label lookups (free), each tenant one at a time."""
 READS_WAITING = 16
 """A tenant's free reads waiting per process beyond the one running; more get 429."""
 
@@ -294,26 +294,12 @@ class Charging:
         function: Callable[..., Any],
         *args: Any,
     ) -> Any:
-        """``function(*args)`` on ``pool`` in one of the tenant's turns at ``gate`` (429
-        ``busy()`` when its queue there is full; ``on_turn`` may still refuse once the turn
-        comes). The turn comes back when the call has run (or was cancelled before it
-        started), not when the caller stops waiting for it, so cancelling frees nothing."""
-        if not gate.try_enter(tenant):
-            raise tenant_busy(tenant, busy())
+        """:func:`~service.scheduling.in_turn`, refusing with 429 ``busy()`` when the
+        tenant's queue at ``gate`` is full."""
         try:
-            await gate.acquire(tenant)
-        except BaseException:
-            gate.leave(tenant, held=False)
-            raise
-        try:
-            on_turn()
-            running = pool.submit(contextvars.copy_context().run, function, *args)
-        except BaseException:
-            gate.leave(tenant, held=True)
-            raise
-        loop = asyncio.get_running_loop()
-        running.add_done_callback(lambda _: loop.call_soon_threadsafe(gate.leave, tenant, True))
-        return await asyncio.wrap_future(running)
+            return await in_turn(gate, pool, tenant, on_turn, function, *args)
+        except TurnRefusedError:
+            raise tenant_busy(tenant, busy()) from None
 
     async def _admitted(self, request: ChargedRequest, admission: Admission) -> Reply:
         """Reserve, run and settle while the request counts against its tenant's load."""
@@ -573,14 +559,17 @@ class Charging:
         finally:
             metric("ledger_seconds").labels(operation).observe(time.perf_counter() - started)
 
-    async def read(self, tenant: str, function: Callable[..., Any], *args: Any) -> Any:
-        """A free read for ``tenant`` (a label lookup, its users' budgets) on threads of their
-        own, one of the tenant's at a time: a tenant's flood of reads waits behind itself,
-        not in front of other tenants' requests or the ledger's writes; 429 ``tenant_busy``
-        past :data:`READS_WAITING` waiting."""
+    async def read(
+        self, tenant: str, function: Callable[..., Any], *args: Any, ledger: bool = False
+    ) -> Any:
+        """A free read for ``tenant`` (a label lookup; with ``ledger``, its users' budgets, on
+        the ledger's threads) one of the tenant's at a time: a tenant's flood of reads waits
+        behind itself, not in front of other tenants' requests; 429 ``tenant_busy`` past
+        :data:`READS_WAITING` waiting. Lookups have threads of their own, so a slow one (a
+        bundle loading) holds up no budget read."""
         return await self._in_turn(
             self.reads,
-            self._readers,
+            self._ledger_calls if ledger else self._readers,
             tenant,
             lambda: f"this tenant has {self.reads.in_queue(tenant)} reads waiting to run",
             lambda: None,

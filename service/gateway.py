@@ -182,7 +182,7 @@ class Gateway:
             return self._error(ctx, unauthorized())
         try:
             account = await self.charging.read(
-                tenant.id, self.ledger.account, tenant.id, user, tenant.policy
+                tenant.id, self.ledger.account, tenant.id, user, tenant.policy, ledger=True
             )
         except ApiError as error:
             return self._error(ctx, error)

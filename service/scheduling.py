@@ -18,14 +18,15 @@ half of its wait: then it is late because of its own backlog, not other keys' wo
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -220,3 +221,38 @@ class TenantChecks:
     def in_queue(self, tenant: str) -> int:
         """The tenant's requests being checked or waiting to be."""
         return self._present.get(tenant, 0)
+
+
+class TurnRefusedError(Exception):
+    """The tenant's queue at a :class:`TenantChecks` gate is full."""
+
+
+async def in_turn(
+    gate: TenantChecks,
+    pool: Executor,
+    tenant: str,
+    on_turn: Callable[[], None],
+    function: Callable[..., Any],
+    *args: Any,
+) -> Any:
+    """``function(*args)`` on ``pool`` in one of the tenant's turns at ``gate``
+    (:class:`TurnRefusedError` when its queue there is full; ``on_turn`` may still refuse by
+    raising once the turn comes). The turn comes back when the call has run (or was cancelled
+    before it started), not when the caller stops waiting for it, however often the caller
+    is cancelled: cancelling frees nothing."""
+    if not gate.try_enter(tenant):
+        raise TurnRefusedError(tenant)
+    try:
+        await gate.acquire(tenant)
+    except BaseException:
+        gate.leave(tenant, held=False)
+        raise
+    try:
+        on_turn()
+        running = pool.submit(contextvars.copy_context().run, function, *args)
+    except BaseException:
+        gate.leave(tenant, held=True)
+        raise
+    loop = asyncio.get_running_loop()
+    running.add_done_callback(lambda _: loop.call_soon_threadsafe(gate.leave, tenant, True))
+    return await asyncio.wrap_future(running)
