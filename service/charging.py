@@ -222,7 +222,7 @@ class Charging:
         self.limits = limits
         self.signer = signer
         self.cost = cost
-        self.load = TenantLoad(limits.tenant_inflight_tokens)
+        self.load = TenantLoad(limits.tenant_inflight_tokens, limits.tenant_inflight_requests)
         self.checks = TenantChecks(limits.tenant_checks, limits.tenant_checks_waiting)
         # Not asyncio's default pool, which the ledger's calls use: a queue of checks there
         # would hold every tenant's reservations back.

@@ -116,6 +116,7 @@ class Gateway:
             self.settings.worker_start_timeout_ms / 1000,
             self.settings.tenant_checks,
             self.settings.tenant_checks_waiting,
+            self.settings.tenant_inflight_requests,
         )
         counter = TokenCounter(bundle.encoder_dir, int(bundle.manifest.encoder["max_tokens"]))
         signer = load_signer(self.settings.idempotency_secret_file, self.ledger)

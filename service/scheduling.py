@@ -143,19 +143,17 @@ class ComputeThread:
         return self._executor.submit(function, *args, **kwargs).result()
 
 
-MOST_REQUESTS_IN_FLIGHT = 64
-"""A request counts against its tenant's load as at least ``1 / 64`` of the limit, so a tenant
-has at most this many requests in flight per process however small they are: each costs
-two ledger writes whatever its size, and those writes are shared by every tenant."""
-
-
 class TenantLoad:
     """Work each tenant has in flight in this process, in padded tokens (one event loop: no
-    lock); a request weighs at least ``limit // MOST_REQUESTS_IN_FLIGHT``."""
+    lock). A request weighs at least ``limit // requests``, so a tenant has at most
+    ``requests`` in flight however small they are: each costs two ledger writes whatever
+    its size, and those writes are shared by every tenant."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, requests: int = 64) -> None:
+        if limit < 1 or requests < 1:
+            raise ValueError(f"a load needs limit >= 1 and requests >= 1, got {limit}, {requests}")
         self.limit = limit
-        self.least = limit // MOST_REQUESTS_IN_FLIGHT
+        self.least = limit // requests
         self._inflight: dict[str, int] = {}
 
     def weight(self, cost: int) -> int:

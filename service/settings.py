@@ -68,6 +68,10 @@ class ServiceSettings(BaseSettings):
     tenant_inflight_tokens: int = Field(default=40_000, ge=256)
     """Padded tokens one tenant may have in flight per gateway process; beyond, 429 and
     nothing charged. At least ``max_request_tokens``, so the largest request is admissible."""
+    tenant_inflight_requests: int = Field(default=64, ge=1)
+    """Requests one tenant may have in flight per gateway process, however small: a request
+    weighs at least ``tenant_inflight_tokens / tenant_inflight_requests`` tokens (each costs
+    two ledger writes whatever its size)."""
     tenant_checks: int = Field(default=1, ge=1)
     """A tenant's requests checked (split, tokenized, signed) at once per gateway process."""
     tenant_checks_waiting: int = Field(default=256, ge=0)

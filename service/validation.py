@@ -36,6 +36,8 @@ class Limits:
     """A tenant's requests checked (split, tokenized, signed) at once in this process."""
     tenant_checks_waiting: int = 256
     """A tenant's requests that may wait to be checked; more is refused with 429."""
+    tenant_inflight_requests: int = 64
+    """Requests one tenant may have in flight in this process, however small."""
 
 
 def finite_epsilon(epsilon: float) -> float:

@@ -27,6 +27,8 @@ def ledger_server(ledger_url: tuple[str, str], quick_bundle_tag: str, tmp_path: 
         "SENTDP_TENANTS_FILE": str(write_tenants(tmp_path / "tenants.json")),
         "SENTDP_LEDGER_URL": url,
         "SENTDP_LEDGER_SCHEMA": schema,
+        # all 200 at once reach the ledger: the race under test, not the admission cap
+        "SENTDP_TENANT_INFLIGHT_REQUESTS": "200",
     }
     server = Server(env, log=tmp_path / "server.log").start()
     yield server, url, schema

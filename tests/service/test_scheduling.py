@@ -229,3 +229,5 @@ def test_a_tenants_smallest_requests_still_count_a_64th_of_its_limit() -> None:
     assert large.try_acquire("a", 400)
     small = TenantLoad(24)
     assert (small.try_acquire("a", 20), small.try_acquire("a", 4)) == (True, True)
+    few = TenantLoad(6400, requests=2)  # the operator's own cap on requests
+    assert [few.try_acquire("a", 1) for _ in range(3)] == [True, True, False]
