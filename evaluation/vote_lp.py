@@ -78,13 +78,17 @@ class HardVoteRule:
         return np.array([self.table[(lam, int(c))] for c in counts], dtype=np.float64)
 
 
+def _histograms(n: int, classes: int) -> Iterator[tuple[Partition, list[int]]]:
+    """Every histogram of n votes over ``classes``, and its counts padded with zeros."""
+    for lam in partitions(n):
+        if len(lam) <= classes:
+            yield lam, list(lam) + [0] * (classes - len(lam))
+
+
 def _variables(n: int, classes: int) -> dict[Entry, int]:
     variables: dict[Entry, int] = {}
-    for lam in partitions(n):
-        if len(lam) > classes:
-            continue
-        values = set(lam) | ({0} if len(lam) < classes else set())
-        for t in sorted(values):
+    for lam, full in _histograms(n, classes):
+        for t in sorted(set(full)):
             variables[(lam, t)] = len(variables)
     return variables
 
@@ -93,10 +97,7 @@ def neighbour_pairs(n: int, classes: int) -> set[tuple[Entry, Entry]]:
     """Every ``((lam, t), (lam', t'))``: one class's entry before and after one vote moves
     between two classes (the replaced sentence's), for every class."""
     pairs = set()
-    for lam in partitions(n):
-        if len(lam) > classes:
-            continue
-        full = list(lam) + [0] * (classes - len(lam))
+    for lam, full in _histograms(n, classes):
         for a in range(classes):
             if full[a] == 0:
                 continue
@@ -157,10 +158,10 @@ def exponential_rule(sentences: int, classes: int, epsilon: float) -> HardVoteRu
     """The exponential mechanism over hard-vote counts at ``epsilon / 2`` per vote, as a
     table (epsilon-SentDP: one moved vote changes each count by at most 1)."""
     table = {}
-    for lam, t in _variables(sentences, classes):
-        full = list(lam) + [0] * (classes - len(lam))
-        weights = np.exp(epsilon / 2 * (np.asarray(full) - max(full)))
-        table[(lam, t)] = float(math.exp(epsilon / 2 * (t - max(full))) / weights.sum())
+    for lam, full in _histograms(sentences, classes):
+        total = float(np.exp(epsilon / 2 * (np.asarray(full) - max(full))).sum())
+        for t in set(full):
+            table[(lam, t)] = math.exp(epsilon / 2 * (t - max(full))) / total
     return HardVoteRule(sentences, classes, epsilon, table)
 
 
@@ -185,7 +186,7 @@ def compare(
     from evaluation.experiment import embedded_corpus
     from evaluation.tables import bundles
     from evaluation.vote_selection import split_documents
-    from sentdp.labels import vote_probabilities
+    from sentdp.labels import tally_deviations, vote_probabilities
     from training.p_selection import soft_macro_f1
     from training.settings import load_settings
 
@@ -213,7 +214,7 @@ def compare(
                 rule = fit_rule(n, classes, epsilon, fit)
             reference = exponential_rule(n, classes, epsilon) if n <= LARGEST else None
             for i in (i for i in members if i not in fitted_on):
-                deviations = vote.deviations(vectors[i], texts[i])[None, :]
+                deviations = tally_deviations(vote.votes_from_logits(logits[i]))[None, :]
                 own = vote_probabilities(deviations, epsilon, [n] if vote.by_count else None)[0]
                 served[truth[i]] += own
                 exponential[truth[i]] += (

@@ -224,8 +224,8 @@ class Charging:
         self.cost = cost
         self.load = TenantLoad(limits.tenant_inflight_tokens, limits.tenant_inflight_requests)
         self.checks = TenantChecks(limits.tenant_checks, limits.tenant_checks_waiting)
-        # Not asyncio's default pool, which the ledger's calls use: a queue of checks there
-        # would hold every tenant's reservations back.
+        # Each kind of work on threads of its own: a queue of one kind (a tenant's checks, its
+        # free reads) never holds another tenant's reservations back.
         self._checkers = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="sentdp-check")
         self._ledger_calls = ThreadPoolExecutor(LEDGER_THREADS, thread_name_prefix="sentdp-ledger")
         self.reads = TenantChecks(1, READS_WAITING)

@@ -109,8 +109,8 @@ def json_depth_exceeds(body: bytes, limit: int) -> bool:
         before = np.concatenate(([run], runs[:-1]))
         quote = (part == 0x22) & (before % 2 == 0)
         inside = (quotes + np.cumsum(quote) - quote) % 2 == 1  # after an unmatched quote
-        opening = ((part == 0x5B) | (part == 0x7B)) & ~inside & ~quote
-        closing = ((part == 0x5D) | (part == 0x7D)) & ~inside & ~quote
+        opening = ((part == 0x5B) | (part == 0x7B)) & ~inside
+        closing = ((part == 0x5D) | (part == 0x7D)) & ~inside
         levels = depth + np.cumsum(opening.astype(np.int32) - closing.astype(np.int32))
         if int(levels.max()) > limit:
             return True
