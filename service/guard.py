@@ -5,6 +5,12 @@
 * 415 for a body that is not JSON (BentoML would try to parse it as a multipart form and
   answer a malformed one with a 500).
 * 413 when the body is larger than the limit (by Content-Length or as it streams in).
+* 429 ``tenant_busy`` when the tenant's requests in this process would pass
+  ``tenant_inflight_bytes``: a request counts :data:`~service.settings.REQUEST_OVERHEAD_BYTES`
+  plus its body (its Content-Length at once, else its bytes as they stream in) from its
+  arrival until its response is sent, so a tenant's queued requests hold a bounded amount of
+  memory (beyond it: the bodies of one scan and of up to ``tenant_checks`` checks still
+  running after their requests were cancelled).
 * 400 when the JSON nests deeper than the limit (a deep body would otherwise exhaust the
   parser's recursion and come back as a 500). Bodies of :data:`INLINE_SCAN_BYTES` or more
   are scanned off the event loop, one at a time per tenant (:class:`DepthScans`), so one
@@ -25,7 +31,8 @@ from typing import Any
 
 from service.errors import STATUS, Code, envelope
 from service.metrics import metric
-from service.scheduling import TenantChecks, TurnRefusedError, in_turn
+from service.scheduling import TenantChecks, TenantLoad, TurnRefusedError, in_turn
+from service.settings import REQUEST_OVERHEAD_BYTES
 from service.tenants import TenantRegistry
 
 Scope = MutableMapping[str, Any]
@@ -180,6 +187,12 @@ def uniform_errors(send: Send) -> Send:
     return wrapped
 
 
+def declared_length(digits: bytes) -> int:
+    """A Content-Length's digits as a number; more digits than any real body has count as
+    too many to parse (``int`` refuses over 4,300 digits)."""
+    return int(digits) if len(digits) <= 19 else 1 << 63
+
+
 def is_json(content_type: bytes) -> bool:
     """``application/json``, with or without parameters such as a charset."""
     media = content_type.decode("latin-1").split(";", 1)[0].strip().lower()
@@ -205,12 +218,16 @@ class GuardMiddleware:
         registry_loader: Callable[[], TenantRegistry],
         max_body_bytes: int,
         max_json_depth: int,
+        tenant_inflight_bytes: int,
         metrics_token: str | None = None,
     ) -> None:
+        if tenant_inflight_bytes < max_body_bytes + REQUEST_OVERHEAD_BYTES:
+            raise ValueError("a tenant's bytes in flight must admit the largest body")
         self.app = app
         self.metrics_token = metrics_token
         self._loader = registry_loader
         self.max_body_bytes = max_body_bytes
+        self.bodies = TenantLoad(tenant_inflight_bytes, requests=None)
         self.max_json_depth = max_json_depth
         self.scans = DepthScans()
 
@@ -233,36 +250,84 @@ class GuardMiddleware:
         if refusal is not None or tenant is None:
             await send_error(send, *(refusal or (Code.UNAUTHORIZED, "invalid API key")))
             return
+        counted = [0]  # bytes counted against the tenant for this request, given back at the end
+        try:
+            if not self._count(tenant.id, counted, self._declared(scope.get("headers", []))):
+                await self._busy(tenant.id, send)
+                return
+            body = await self._received(tenant.id, receive, send, counted)
+            if body is None:
+                return
+            refused = await self._depth_refusal(tenant.id, body)
+            if refused is not None:
+                await send_error(send, *refused)
+                return
+            scope.setdefault("state", {})["sentdp_tenant"] = tenant.id
+            delivered = False
+
+            async def replay() -> Message:
+                nonlocal delivered
+                if not delivered:
+                    delivered = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, uniform_errors(send))
+        finally:
+            if counted[0]:
+                self.bodies.release(tenant.id, counted[0])
+
+    @staticmethod
+    def _declared(headers: list[tuple[bytes, bytes]]) -> int:
+        """The body's Content-Length (already checked against the limit), else 0."""
+        for name, value in headers:
+            if name == b"content-length" and value.isdigit():
+                return declared_length(value)
+        return 0
+
+    def _count(self, tenant: str, counted: list[int], body_bytes: int) -> bool:
+        """Count the request at ``REQUEST_OVERHEAD_BYTES`` plus ``body_bytes`` against the
+        tenant (only what ``counted[0]`` does not hold yet); False when that would pass the
+        limit."""
+        more = REQUEST_OVERHEAD_BYTES + body_bytes - counted[0]
+        if more <= 0:
+            return True
+        if not self.bodies.try_acquire(tenant, more):
+            return False
+        counted[0] += more
+        return True
+
+    async def _busy(self, tenant: str, send: Send) -> None:
+        metric("busy").labels(tenant).inc()
+        busy = (
+            f"this tenant's requests in flight would pass {self.bodies.limit} bytes; "
+            "retry after one ends"
+        )
+        await send_error(send, Code.TENANT_BUSY, busy, ((b"retry-after", b"1"),))
+
+    async def _received(
+        self, tenant: str, receive: Receive, send: Send, counted: list[int]
+    ) -> bytes | None:
+        """The whole body, its bytes beyond what was counted (the Content-Length) counted as
+        they arrive; None when the request was answered (413, 429) or is gone."""
         chunks: list[bytes] = []
         size = 0
         more = True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return
+                return None
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
                 await send_error(send, Code.BODY_TOO_LARGE, self._too_large())
-                return
+                return None
+            if not self._count(tenant, counted, size):
+                await self._busy(tenant, send)
+                return None
             chunks.append(chunk)
             more = bool(message.get("more_body", False))
-        body = b"".join(chunks)
-        refused = await self._depth_refusal(tenant.id, body)
-        if refused is not None:
-            await send_error(send, *refused)
-            return
-        scope.setdefault("state", {})["sentdp_tenant"] = tenant.id
-        delivered = False
-
-        async def replay() -> Message:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, uniform_errors(send))
+        return b"".join(chunks)
 
     async def _depth_refusal(
         self, tenant: str, body: bytes
@@ -287,7 +352,11 @@ class GuardMiddleware:
                 "missing or invalid API key: send 'Authorization: Bearer <key>'",
             )
         for name, value in headers:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+            if (
+                name == b"content-length"
+                and value.isdigit()
+                and declared_length(value) > self.max_body_bytes
+            ):
                 return Code.BODY_TOO_LARGE, self._too_large()
             if name == b"content-type" and not is_json(value):
                 return (

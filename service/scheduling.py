@@ -147,13 +147,14 @@ class TenantLoad:
     """Work each tenant has in flight in this process, in padded tokens (one event loop: no
     lock). A request weighs at least ``limit // requests``, so a tenant has at most
     ``requests`` in flight however small they are: each costs two ledger writes whatever
-    its size, and those writes are shared by every tenant."""
+    its size, and those writes are shared by every tenant. With ``requests=None`` amounts
+    count as they are (the guard's bytes of request bodies)."""
 
-    def __init__(self, limit: int, requests: int = 64) -> None:
-        if limit < 1 or requests < 1:
+    def __init__(self, limit: int, requests: int | None = 64) -> None:
+        if limit < 1 or (requests is not None and requests < 1):
             raise ValueError(f"a load needs limit >= 1 and requests >= 1, got {limit}, {requests}")
         self.limit = limit
-        self.least = limit // requests
+        self.least = 0 if requests is None else limit // requests
         self._inflight: dict[str, int] = {}
 
     def weight(self, cost: int) -> int:

@@ -19,6 +19,10 @@ import platformdirs
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+REQUEST_OVERHEAD_BYTES = 16 * 1024
+"""What each request to a charged route counts against its tenant's bytes in flight besides
+its body: a connection and its task hold memory even with an empty body."""
+
 
 def _data_dir(data: dict[str, Any]) -> Path:
     """Where the ledger, tenants file and secret live by default: ``state_dir`` (a mounted
@@ -84,6 +88,12 @@ class ServiceSettings(BaseSettings):
     (it draws nothing); well below the worker's timeout, so no answer is lost after sampling."""
     max_sentence_chars: int = Field(default=2000, ge=1)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    tenant_inflight_bytes: int | None = None
+    """Bytes of request bodies one tenant may have in this gateway process at once, from
+    the request's arrival to its response (waiting to be scanned, checked or run), each
+    request counting at least ``REQUEST_OVERHEAD_BYTES`` (16 KiB) more; beyond, 429.
+    Bounds the memory a tenant's queued requests hold. At least ``max_body_bytes`` plus
+    that overhead; unset: 8 requests of the largest size (32 MiB and 128 KiB)."""
     max_json_depth: int = Field(default=32, ge=4)
     idempotency_pending_seconds: float = Field(default=300.0, gt=0)
     """A request unfinished after this long is abandoned; its key can then be reused."""
@@ -139,6 +149,12 @@ class ServiceSettings(BaseSettings):
             return self.encode_batch_size
         return 32
 
+    def inflight_bytes(self) -> int:
+        """``tenant_inflight_bytes``, or its default: 8 requests of the largest size."""
+        if self.tenant_inflight_bytes is not None:
+            return self.tenant_inflight_bytes
+        return 8 * (self.max_body_bytes + REQUEST_OVERHEAD_BYTES)
+
     def fixed_batch_rows(self, device: str) -> int:
         """Rows of every pass when the start-up check asks for fixed-shape batches: the
         device's usual rows on CUDA, ``cpu_fixed_batch_size`` on the CPU."""
@@ -151,6 +167,11 @@ class ServiceSettings(BaseSettings):
         if self.tenant_inflight_tokens < self.max_request_tokens:
             raise ValueError(
                 "SENTDP_TENANT_INFLIGHT_TOKENS must be at least SENTDP_MAX_REQUEST_TOKENS"
+            )
+        if self.inflight_bytes() < self.max_body_bytes + REQUEST_OVERHEAD_BYTES:
+            raise ValueError(
+                "SENTDP_TENANT_INFLIGHT_BYTES must be at least SENTDP_MAX_BODY_BYTES + 16384, "
+                "or the largest body could never be admitted"
             )
         if self.idempotency_pending_seconds <= self.worker_max_latency_ms / 1000 * 2 + 30:
             raise ValueError(

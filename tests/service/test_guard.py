@@ -13,6 +13,8 @@ import pytest
 
 from service import guard
 from service.guard import GuardMiddleware, bearer_token, is_json, json_depth_exceeds
+from service.metrics import metric
+from service.settings import REQUEST_OVERHEAD_BYTES
 from service.tenants import Tenant, TenantRegistry, hash_key
 
 KEY = "sdp_unit_key"
@@ -106,7 +108,12 @@ def call(
         sent.append(message)
 
     guard = GuardMiddleware(
-        app, lambda: REGISTRY, max_body_bytes=64, max_json_depth=4, metrics_token=metrics_token
+        app,
+        lambda: REGISTRY,
+        max_body_bytes=64,
+        max_json_depth=4,
+        tenant_inflight_bytes=1 << 20,
+        metrics_token=metrics_token,
     )
     scope = {"type": "http", "path": path, "headers": headers}
     asyncio.run(guard(scope, receive, send))
@@ -126,6 +133,7 @@ AUTH = (b"authorization", f"Bearer {KEY}".encode())
         ([(b"authorization", b"Bearer wrong")], b"{}", 401, "unauthorized"),
         ([AUTH, (b"content-type", b"text/plain")], b"{}", 415, "unsupported_media_type"),
         ([AUTH, (b"content-length", b"65")], b"{}", 413, "body_too_large"),
+        ([AUTH, (b"content-length", b"9" * 5000)], b"{}", 413, "body_too_large"),  # not a 500
         ([AUTH], b"[" * 65, 413, "body_too_large"),
         ([AUTH], b"[[[[[]]]]]", 400, "invalid_body"),
         ([AUTH], b'{"user": "u"}', 200, None),
@@ -235,3 +243,156 @@ def test_a_cancelled_scan_keeps_its_tenants_turn_until_its_thread_ends(
 
     asyncio.run(scenario())
     assert events == ["start a1", "end a1", "start a2", "end a2"]
+
+
+OTHER_KEY = "sdp_unit_key_other"
+TWO_TENANTS = TenantRegistry(
+    [
+        Tenant(id="acme", key_sha256=[hash_key(KEY)], max_epsilon=10, budget=10),
+        Tenant(id="zeta", key_sha256=[hash_key(OTHER_KEY)], max_epsilon=10, budget=10),
+    ]
+)
+
+
+def test_a_tenants_requests_in_flight_are_bounded_in_bytes_and_given_back() -> None:
+    """A request counts its overhead and its body from arrival to response: a tenant past
+    its bytes gets 429 with Retry-After (at once when Content-Length says so, else as the
+    body streams in), another tenant does not, and every exit gives back exactly what was
+    counted: a response, 413, 400, 429 mid-stream, a disconnect, a failing app, empty chunks,
+    and cancellation while receiving or inside the app."""
+    overhead = REQUEST_OVERHEAD_BYTES
+    release = asyncio.Event()
+    answered: dict[str, tuple[int, str | None, bool]] = {}
+    received: dict[str, int] = {}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        body = (await receive())["body"]
+        if body.startswith(b'{"hold"'):
+            await release.wait()
+        if body.startswith(b'{"wait"'):
+            await asyncio.Event().wait()  # until cancelled
+        if body.startswith(b'{"fail"'):
+            raise RuntimeError("the app failed")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    middleware = GuardMiddleware(
+        app,
+        lambda: TWO_TENANTS,
+        max_body_bytes=64,
+        max_json_depth=4,
+        tenant_inflight_bytes=2 * overhead + 100,
+    )
+
+    async def call(
+        name: str,
+        chunks: list[bytes],
+        key: str = KEY,
+        declared: int | None = None,
+        end: str = "body",
+    ) -> None:
+        messages: list[dict[str, Any]] = [
+            {"type": "http.request", "body": c, "more_body": n < len(chunks) - 1}
+            for n, c in enumerate(chunks)
+        ]
+        if end == "disconnect":
+            messages[-1] = {"type": "http.disconnect"}
+        if end == "stall":  # more promised, never sent
+            messages[-1]["more_body"] = True
+        sent: list[dict[str, Any]] = []
+        received[name] = 0
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.sleep(0)
+            if not messages:
+                await asyncio.Event().wait()  # a client that stops sending
+            received[name] += 1
+            return messages.pop(0)
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        headers = [(b"authorization", f"Bearer {key}".encode())]
+        if declared is not None:
+            headers.append((b"content-length", str(declared).encode()))
+        scope = {"type": "http", "path": "/privatize", "headers": headers}
+        try:
+            await middleware(scope, receive, send)
+        except RuntimeError:
+            answered[name] = (500, None, False)
+            return
+        if not sent:
+            answered[name] = (0, None, False)
+            return
+        payload = json.loads(sent[1]["body"])
+        code = payload["error"]["code"] if "error" in payload else None
+        retry = (b"retry-after", b"1") in sent[0]["headers"]
+        answered[name] = (sent[0]["status"], code, retry)
+
+    held = b'{"hold": "' + b"x" * 48 + b'"}'  # 60 bytes, held in the app: 40 left for acme
+
+    async def cancelled(name: str, chunks: list[bytes], end: str) -> None:
+        task = asyncio.create_task(call(name, chunks, end=end))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def scenario() -> dict[str, int]:
+        first = asyncio.create_task(call("held", [held], declared=len(held)))
+        await asyncio.sleep(0.05)
+        holding = {"acme": overhead + 60}
+        assert middleware.bodies._inflight == holding
+        busy = metric("busy").labels("acme")
+        refused_before = busy._value.get()
+        await call("over", [b'{"a": "' + b"y" * 20, b'"}', b" " * 20])  # 49 bytes, streamed
+        await call("declared over", [b"{}"], declared=41)
+        await call("longer than declared", [b'{"a": "' + b"y" * 20, b'"}', b" " * 20], declared=10)
+        assert busy._value.get() == refused_before + 3  # each refusal counted
+        await call("zeta", [b'{"a": "' + b"z" * 40 + b'"}'], key=OTHER_KEY)
+        await call("small", [b'{"a": "' + b"s" * 20 + b'"}'])  # 30 bytes: fits
+        await call("empty chunks", [b"", b'{"a": 1}', b""])
+        await call("too large", [b" " * 30, b" " * 40])
+        await call("too deep", [b"[[[[[[]]]]]]"])
+        await call("gone", [b'{"a": 1', b"}"], end="disconnect")
+        await call("fails", [b'{"fail": 1}'])
+        await cancelled("cancelled receiving", [b'{"a": 1'], end="stall")
+        await cancelled("cancelled in the app", [b'{"wait": 1}'], end="body")
+        assert middleware.bodies._inflight == holding
+        release.set()
+        await first
+        return dict(middleware.bodies._inflight)
+
+    assert asyncio.run(scenario()) == {}
+    for limit, admitted in ((64 + overhead - 1, False), (64 + overhead, True)):
+        if admitted:
+            GuardMiddleware(
+                app,
+                lambda: REGISTRY,
+                max_body_bytes=64,
+                max_json_depth=4,
+                tenant_inflight_bytes=limit,
+            )
+            continue
+        with pytest.raises(ValueError, match="must admit the largest body"):
+            GuardMiddleware(
+                app,
+                lambda: REGISTRY,
+                max_body_bytes=64,
+                max_json_depth=4,
+                tenant_inflight_bytes=limit,
+            )
+    assert received["declared over"] == 0  # refused before any of the body was read
+    assert answered == {
+        "over": (429, "tenant_busy", True),
+        "declared over": (429, "tenant_busy", True),
+        "longer than declared": (429, "tenant_busy", True),
+        "zeta": (200, None, False),
+        "small": (200, None, False),
+        "empty chunks": (200, None, False),
+        "too large": (413, "body_too_large", False),
+        "too deep": (400, "invalid_body", False),
+        "gone": (0, None, False),
+        "fails": (500, None, False),
+        "held": (200, None, False),
+    }

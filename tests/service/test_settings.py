@@ -33,3 +33,18 @@ def test_encoder_rows_are_32_on_every_device_unless_set(monkeypatch: pytest.Monk
     assert ServiceSettings().encoder_rows("cuda") == 48
     assert ServiceSettings().fixed_batch_rows("cuda") == 48
     assert ServiceSettings().fixed_batch_rows("cpu") == 8  # SENTDP_CPU_FIXED_BATCH_SIZE
+
+
+def test_a_tenants_bytes_in_flight_default_to_eight_bodies_and_admit_the_largest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("SENTDP_TENANT_INFLIGHT_BYTES", "SENTDP_MAX_BODY_BYTES"):
+        monkeypatch.delenv(name, raising=False)
+    assert ServiceSettings().inflight_bytes() == 8 * (4 * 1024 * 1024 + 16384)
+    monkeypatch.setenv("SENTDP_MAX_BODY_BYTES", str(64 * 1024 * 1024))
+    assert ServiceSettings().inflight_bytes() == 8 * (64 * 1024 * 1024 + 16384)  # follows it
+    monkeypatch.setenv("SENTDP_TENANT_INFLIGHT_BYTES", str(64 * 1024 * 1024 + 16383))
+    with pytest.raises(ValueError, match="largest body could never be admitted"):
+        ServiceSettings()
+    monkeypatch.setenv("SENTDP_TENANT_INFLIGHT_BYTES", str(64 * 1024 * 1024 + 16384))
+    assert ServiceSettings().inflight_bytes() == 64 * 1024 * 1024 + 16384
