@@ -32,13 +32,17 @@ def bentoml_store(tag: str) -> tuple[str, str | None, Path]:
 
 
 class Lookups:
-    """Labels of released candidates of any stored version of the served model."""
+    """Labels of released candidates of any stored version of the served model. A version is
+    loaded once, under a lock of its own: a lookup in a version already here never waits
+    for another version's load."""
 
     def __init__(self, bundle: Bundle, version: str, load: StoreLoader = bentoml_store) -> None:
         self.name = version.split(":", 1)[0]
         self._bundles: dict[str, Bundle] = {version: bundle}
         self._load = load
         self._lock = threading.Lock()
+        """Guards ``_bundles`` and ``_loading``; never held while the store or a file is read."""
+        self._loading: dict[str, threading.Lock] = {}
 
     def labels(self, model: str, candidates: list[int]) -> ClassifyResponse:
         """The labels of ``candidates`` in ``model`` (blocking: call off the event loop)."""
@@ -56,20 +60,30 @@ class Lookups:
         with self._lock:
             if model in self._bundles:
                 return self._bundles[model]
-            unknown = ApiError(
-                Code.UNKNOWN_MODEL,
-                "no such model version here: send the 'model' of a response of this server",
-            )
-            name, _, version_asked = model.partition(":")
-            if name != self.name or not _VERSION.fullmatch(version_asked):
-                raise unknown  # never hand the store a caller's string it would log
-            try:
-                name, version, path = self._load(model)
-            except Exception:
-                raise unknown from None
-            if name != self.name or version is None:
-                raise unknown
-            resolved = f"{name}:{version}"  # an alias such as ':latest' resolves each time
-            if resolved not in self._bundles:
-                self._bundles[resolved] = Bundle.load(path)
-            return self._bundles[resolved]
+        unknown = ApiError(
+            Code.UNKNOWN_MODEL,
+            "no such model version here: send the 'model' of a response of this server",
+        )
+        name, _, version_asked = model.partition(":")
+        if name != self.name or not _VERSION.fullmatch(version_asked):
+            raise unknown  # never hand the store a caller's string it would log
+        try:
+            name, version, path = self._load(model)
+        except Exception:
+            raise unknown from None
+        if name != self.name or version is None:
+            raise unknown
+        resolved = f"{name}:{version}"  # an alias such as ':latest' resolves each time
+        with self._lock:
+            if resolved in self._bundles:
+                return self._bundles[resolved]
+            loading = self._loading.setdefault(resolved, threading.Lock())
+        with loading:  # one load per version; lookups of other versions go on meanwhile
+            with self._lock:
+                if resolved in self._bundles:
+                    return self._bundles[resolved]
+            bundle = Bundle.load(path)
+            with self._lock:
+                self._bundles[resolved] = bundle
+                self._loading.pop(resolved, None)
+            return bundle

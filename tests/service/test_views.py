@@ -144,3 +144,50 @@ def test_tenants_file_keys_and_scoping(tmp_path: Path) -> None:
         TenantsFile.model_validate(shared)
     with pytest.raises(FileNotFoundError, match="sentdp-admin new-key"):
         TenantRegistry.load(tmp_path / "missing.json")
+
+
+def test_a_lookup_never_waits_for_another_versions_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While one caller's version is being loaded (slowly), a lookup in the served version
+    answers at once, and callers of the version being loaded share one load."""
+    import threading
+
+    import service.lookup as lookup
+
+    other_version = tmp_path / "v2"
+    (tmp_path / "encoder").mkdir()
+    tiny_bundle(encoder_dir=tmp_path / "encoder").save(other_version)
+    release = threading.Event()
+    loads: list[Path] = []
+    real_load = lookup.Bundle.load
+
+    def slow_load(path: Path) -> object:
+        loads.append(path)
+        release.wait(30)
+        return real_load(path)
+
+    monkeypatch.setattr(lookup.Bundle, "load", staticmethod(slow_load))
+    lookups = Lookups(BUNDLE, "sentdp-unit:v1", lambda tag: ("sentdp-unit", "v2", other_version))
+    answers: dict[str, object] = {}
+
+    def ask(name: str, model: str) -> None:
+        answers[name] = lookups.labels(model, [0]).labels[0].label
+
+    loading = [threading.Thread(target=ask, args=(f"v2 {n}", "sentdp-unit:v2")) for n in range(2)]
+    served = threading.Thread(target=ask, args=("v1", "sentdp-unit:v1"))
+    try:
+        for thread in loading:
+            thread.start()
+        while not loads:
+            threading.Event().wait(0.01)
+        served.start()
+        served.join(5)
+        assert not served.is_alive()  # it did not wait for v2's load
+        assert set(answers) == {"v1"}
+    finally:
+        release.set()
+        for thread in loading:
+            thread.join(30)
+    assert answers.keys() == {"v1", "v2 0", "v2 1"}
+    assert loads == [other_version]  # one load for both callers
