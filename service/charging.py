@@ -26,7 +26,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -49,7 +49,7 @@ from service.ledger import (
 )
 from service.logs import log_event, logger
 from service.metrics import metric
-from service.scheduling import TenantChecks, TenantLoad, TurnRefusedError, in_turn
+from service.scheduling import FairExecutor, TenantChecks, TenantLoad, TurnRefusedError, in_turn
 from service.schemas import (
     BACKLOG_ERROR,
     DocumentIn,
@@ -84,7 +84,9 @@ CHECK_THREADS = 8
 tenants; each tenant uses at most ``Limits.tenant_checks`` of them at once."""
 LEDGER_THREADS = 8
 """Threads for the ledger's calls: a pool of their own, so no other work queues in front of
-a reservation or a settlement."""
+a reservation or a settlement; tenants take turns, and a tenant holds at most half of them.
+One for SQLite, which writes one transaction at a time: more threads only race for its lock,
+which its busy handler hands out in no order (``loadtests/ledger_fairness.py``)."""
 READ_THREADS = 2
 """Threads for label lookups (free), each tenant one at a time."""
 READS_WAITING = 16
@@ -227,7 +229,8 @@ class Charging:
         # Each kind of work on threads of its own: a queue of one kind (a tenant's checks, its
         # free reads) never holds another tenant's reservations back.
         self._checkers = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="sentdp-check")
-        self._ledger_calls = ThreadPoolExecutor(LEDGER_THREADS, thread_name_prefix="sentdp-ledger")
+        threads = LEDGER_THREADS if ledger.parallel_writes else 1
+        self._ledger_calls = FairExecutor(threads, "sentdp-ledger", per_key=max(1, threads // 2))
         self.reads = TenantChecks(1, READS_WAITING)
         self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="sentdp-read")
         self.splitter = SentenceSplitter()
@@ -287,7 +290,7 @@ class Charging:
     @staticmethod
     async def _in_turn(
         gate: TenantChecks,
-        pool: ThreadPoolExecutor,
+        pool: Executor,
         tenant: str,
         busy: Callable[[], str],
         on_turn: Callable[[], None],
@@ -348,6 +351,7 @@ class Charging:
         try:
             reserved: Reservation | Replay = await self._ledger(
                 "reserve",
+                tenant.id,
                 self.ledger.reserve,
                 tenant.id,
                 request.user,
@@ -534,6 +538,7 @@ class Charging:
         try:
             await self._ledger(
                 "settle",
+                request.tenant.id,
                 self.ledger.settle,
                 request.tenant.id,
                 request.user,
@@ -543,19 +548,30 @@ class Charging:
                 stored.body if stored else None,
                 stored.status if stored else 200,
                 request.request_id,
+                must_run=True,
             )
         except Exception:
             logger.exception("ledger settle failed (request %s)", request.request_id)
             return False
         return True
 
-    async def _ledger(self, operation: str, function: Callable[..., Any], *args: Any) -> Any:
-        """A ledger call on the ledger's threads (database calls never block the event loop)."""
+    async def _ledger(
+        self,
+        operation: str,
+        tenant: str,
+        function: Callable[..., Any],
+        *args: Any,
+        must_run: bool = False,
+    ) -> Any:
+        """A ledger call on the ledger's threads (database calls never block the event loop),
+        in the tenant's turn among tenants with calls waiting. A call that ``must_run`` (a
+        settlement after the worker ran) runs even if the request is cancelled meanwhile (a
+        client gone): cancelled, it would leave its charges reserved and its key pending."""
         started = time.perf_counter()
         try:
             call = contextvars.copy_context().run
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._ledger_calls, call, function, *args)
+            done = asyncio.wrap_future(self._ledger_calls.submit(tenant, call, function, *args))
+            return await (asyncio.shield(done) if must_run else done)
         finally:
             metric("ledger_seconds").labels(operation).observe(time.perf_counter() - started)
 
@@ -569,7 +585,7 @@ class Charging:
         bundle loading) holds up no budget read."""
         return await self._in_turn(
             self.reads,
-            self._ledger_calls if ledger else self._readers,
+            self._ledger_calls.for_key(tenant) if ledger else self._readers,
             tenant,
             lambda: f"this tenant has {self.reads.in_queue(tenant)} reads waiting to run",
             lambda: None,

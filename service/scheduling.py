@@ -22,8 +22,9 @@ import contextvars
 import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -141,6 +142,123 @@ class ComputeThread:
         """``function(*args, **kwargs)`` on the compute thread; waits for it and returns its
         result or raises its exception."""
         return self._executor.submit(function, *args, **kwargs).result()
+
+
+Call = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
+"""A queued call of :class:`FairExecutor`: its future, the function and its arguments."""
+
+
+class FairExecutor:
+    """A thread pool whose waiting calls are taken in turns over keys (tenants), first come,
+    first served within a key, and whose calls of one key hold at most ``per_key`` threads.
+    A key's backlog then delays another key's call by at most one call of each other key
+    with calls waiting, and never keeps it from a free thread.
+
+    Each submitted call puts one "run the next call" task on a
+    :class:`~concurrent.futures.ThreadPoolExecutor`, which chooses the call only when a
+    thread takes the task: the pool's threads, their start on first use and its draining of
+    queued work at interpreter exit are the standard library's. A task that finds every
+    waiting key at its ``per_key`` is deferred, and one deferred task is put back each time
+    a call ends (freeing one thread of one key). A call cancelled before it starts never
+    runs."""
+
+    def __init__(self, threads: int, name: str, per_key: int | None = None) -> None:
+        if threads < 1 or (per_key is not None and per_key < 1):
+            raise ValueError(f"a fair executor needs threads >= 1, got {threads}, {per_key}")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
+        self.per_key = per_key if per_key is not None else threads
+        self._lock = threading.Lock()
+        self._waiting: dict[Hashable, deque[Call]] = {}
+        self._turns: deque[Hashable] = deque()
+        """The keys with calls waiting, the next to be served first."""
+        self._running: dict[Hashable, int] = {}
+        self._deferred = 0
+        """Tasks that found every waiting key at its limit; put back as calls end."""
+
+    def submit(self, key: Hashable, function: Callable[..., T], *args: Any) -> Future[T]:
+        """Queue ``function(*args)`` under ``key``; its future."""
+        future: Future[T] = Future()
+        with self._lock:
+            queue = self._waiting.get(key)
+            if queue is None:
+                queue = self._waiting[key] = deque()
+                self._turns.append(key)
+            queue.append((future, function, args))
+        self._pool.submit(self._run_next)
+        return future
+
+    def for_key(self, key: Hashable) -> Executor:
+        """An :class:`~concurrent.futures.Executor` that queues every call under ``key``."""
+        return _KeyedExecutor(self, key)
+
+    def waiting(self) -> int:
+        """Calls queued and not yet started."""
+        with self._lock:
+            return sum(len(queue) for queue in self._waiting.values())
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop taking calls (those queued still run) and, with ``wait``, wait for them."""
+        self._pool.shutdown(wait=wait)
+
+    def _take(self) -> tuple[Hashable, Call] | None:
+        """The next call in turn whose key is below its limit (counted as running), or None
+        (the task is deferred)."""
+        with self._lock:
+            for _ in range(len(self._turns)):
+                key = self._turns.popleft()
+                if self._running.get(key, 0) >= self.per_key:
+                    self._turns.append(key)  # its turn waits for one of its calls to end
+                    continue
+                queue = self._waiting[key]
+                call = queue.popleft()
+                if queue:
+                    self._turns.append(key)  # its next call after every other key's
+                else:
+                    del self._waiting[key]
+                self._running[key] = self._running.get(key, 0) + 1
+                return key, call
+            self._deferred += 1
+            return None
+
+    def _run_next(self) -> None:
+        taken = self._take()
+        if taken is None:
+            return
+        key, (future, function, args) = taken
+        try:
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = function(*args)
+                except BaseException as error:  # handed to the caller, as an executor does
+                    future.set_exception(error)
+                else:
+                    future.set_result(result)
+        finally:
+            with self._lock:
+                left = self._running[key] - 1
+                if left:
+                    self._running[key] = left
+                else:
+                    del self._running[key]
+                resume = self._deferred > 0
+                self._deferred -= resume
+            if resume:  # this call's key has a thread to spare now: one deferred task may run
+                try:
+                    self._pool.submit(self._run_next)
+                except RuntimeError:  # the pool is shutting down: drain the calls here
+                    self._run_next()
+
+
+class _KeyedExecutor(Executor):
+    def __init__(self, fair: FairExecutor, key: Hashable) -> None:
+        self._fair = fair
+        self._key = key
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        call = (lambda: fn(*args, **kwargs)) if kwargs else None
+        if call is not None:
+            return self._fair.submit(self._key, call)
+        return self._fair.submit(self._key, fn, *args)
 
 
 class TenantLoad:

@@ -63,6 +63,9 @@ class SqlLedger(abc.ABC):
 
     placeholder_style = "named"  # ":name" (SQLite); PostgreSQL converts to "%(name)s"
     autoincrement = "INTEGER PRIMARY KEY AUTOINCREMENT"
+    parallel_writes = True
+    """Whether write transactions of several threads can run at once (False: a process
+    gains nothing from more than one thread calling the ledger)."""
 
     def __init__(self, pending_timeout: float = 300.0) -> None:
         self.pending_timeout = pending_timeout

@@ -25,6 +25,8 @@ MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
 
 
 class SqliteLedger(SqlLedger):
+    parallel_writes = False  # one writer at a time, and its busy handler serves waiters in no order
+
     def __init__(self, path: Path, busy_timeout: float = 30.0, pending_timeout: float = 300.0):
         super().__init__(pending_timeout)
         if sqlite3.sqlite_version_info < MIN_SQLITE:

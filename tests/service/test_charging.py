@@ -8,6 +8,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -792,3 +793,93 @@ def test_ledger_calls_run_on_the_ledgers_own_threads(ledger: SqlLedger) -> None:
     assert reply.status == 200
     assert seen
     assert all(name.startswith("sentdp-ledger") for name in seen)
+
+
+def test_a_tenants_backlog_of_ledger_calls_does_not_hold_back_another_tenant(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one ledger thread busy with acme's first reservation and four more of acme's
+    waiting, the other tenant's reservation is the second to run, not the sixth."""
+    import service.charging as charging_module
+
+    monkeypatch.setattr(charging_module, "LEDGER_THREADS", 1)
+    flow = charging(ledger, FakeWorker(BUNDLE), inflight=1000)
+    release = threading.Event()
+    reserved: list[str] = []
+    real_reserve = ledger.reserve
+
+    def reserve(tenant: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not reserved:
+            release.wait(10)  # the first call holds the only thread
+        reserved.append(tenant)
+        return real_reserve(tenant, *args, **kwargs)
+
+    monkeypatch.setattr(ledger, "reserve", reserve)
+
+    async def scenario() -> list[Reply]:
+        tasks = [asyncio.create_task(flow.handle(request(user=f"a{n}"))) for n in range(5)]
+        await until(lambda: flow._ledger_calls.waiting() == 4)  # acme's first runs, four wait
+        tasks.append(asyncio.create_task(flow.handle(request(user="p", tenant=PAIRS))))
+        await until(lambda: flow._ledger_calls.waiting() == 5)
+        release.set()
+        return await asyncio.gather(*tasks)
+
+    replies = asyncio.run(scenario())
+    assert [r.status for r in replies] == [200] * 6
+    assert reserved[:3] == ["acme", "acme", "pairs"]
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``condition`` on the event loop; fail (not hang) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.005)
+
+
+def test_a_settlement_runs_even_when_its_request_is_cancelled_while_it_waits(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker sampled; the client goes away while the settlement waits for a ledger
+    thread: the settlement still runs, so the charge is final and the key holds the reply
+    (cancelled, it would leave the charge reserved and the key pending)."""
+    import service.charging as charging_module
+
+    monkeypatch.setattr(charging_module, "LEDGER_THREADS", 1)
+    worker = FakeWorker(BUNDLE)
+    gate = asyncio.Event()
+    flow = charging(ledger, gated(worker, gate))  # type: ignore[arg-type]
+    release = threading.Event()
+
+    async def scenario() -> None:
+        task = asyncio.create_task(flow.handle(request(idempotency_key="k-cancelled")))
+        await until(lambda: states(ledger) == ["reserved"])  # reserved, at the worker
+        blocker = flow._ledger_calls.submit("other", release.wait, 10)  # the only thread
+        await until(lambda: flow._ledger_calls.waiting() == 0)  # taken: it runs
+        gate.set()
+        await until(lambda: flow._ledger_calls.waiting() == 1)  # the settlement waits
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        await asyncio.wrap_future(blocker)
+        await until(lambda: states(ledger) == ["final"])
+
+    asyncio.run(scenario())
+    assert len(worker.journal) == 1
+    replayed, _ = run(flow, request(idempotency_key="k-cancelled"))
+    assert (replayed.status, replayed.replayed) == (200, True)
+
+
+def test_sqlite_gets_one_ledger_thread_and_postgresql_eight_four_per_tenant(
+    ledger: SqlLedger,
+) -> None:
+    """SQLite writes one transaction at a time (more threads only race for its lock)."""
+    from service.ledger.postgres import PostgresLedger
+
+    flow = charging(ledger, FakeWorker(BUNDLE))
+    assert (flow._ledger_calls._pool._max_workers, flow._ledger_calls.per_key) == (1, 1)
+    assert PostgresLedger.parallel_writes
+    ledger.parallel_writes = True  # as a PostgreSQL ledger says
+    parallel = charging(ledger, FakeWorker(BUNDLE))
+    assert (parallel._ledger_calls._pool._max_workers, parallel._ledger_calls.per_key) == (8, 4)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from service.scheduling import ComputeThread, FairGate, TenantLoad, Turn
+from service.scheduling import ComputeThread, FairExecutor, FairGate, TenantLoad, Turn
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -231,3 +231,118 @@ def test_a_tenants_smallest_requests_still_count_a_64th_of_its_limit() -> None:
     assert (small.try_acquire("a", 20), small.try_acquire("a", 4)) == (True, True)
     few = TenantLoad(6400, requests=2)  # the operator's own cap on requests
     assert [few.try_acquire("a", 1) for _ in range(3)] == [True, True, False]
+
+
+def test_the_fair_executor_serves_keys_in_turns_and_each_key_in_order() -> None:
+    """One thread, busy with A's first call while A queues five more and B one: B runs
+    after at most one more of A's (a first-come executor would run it last), A's run in
+    the order sent, and B's and C's backlogs interleave with A's."""
+    fair = FairExecutor(1, "test-fair")
+    started = threading.Event()
+    release = threading.Event()
+    order: list[str] = []
+
+    def blocker() -> None:
+        started.set()
+        release.wait(10)
+        order.append("A0")
+
+    futures = [fair.submit("A", blocker)]
+    started.wait(5)
+    futures += [fair.submit("A", order.append, f"A{n}") for n in range(1, 6)]
+    futures += [fair.submit("B", order.append, "B1"), fair.submit("B", order.append, "B2")]
+    futures.append(fair.for_key("C").submit(order.append, "C1"))
+    assert fair.waiting() == 8
+    release.set()
+    for future in futures:
+        future.result(5)
+    assert order == ["A0", "A1", "B1", "C1", "A2", "B2", "A3", "A4", "A5"]
+    assert fair.waiting() == 0
+
+
+def test_the_fair_executor_hands_back_errors_and_skips_cancelled_calls() -> None:
+    fair = FairExecutor(1, "test-fair")
+    release = threading.Event()
+    ran: list[str] = []
+    busy = fair.submit("A", release.wait, 10)
+    skipped = fair.submit("B", ran.append, "cancelled")
+    assert skipped.cancel()  # not started: it never runs
+    failing = fair.submit("A", int, "not a number")
+    keyword = fair.for_key("C").submit(sorted, [3, 1, 2], reverse=True)
+    release.set()
+    assert busy.result(5) is True
+    with pytest.raises(ValueError, match="invalid literal"):
+        failing.result(5)
+    assert keyword.result(5) == [3, 2, 1]
+    assert ran == []
+    with pytest.raises(ValueError, match="threads >= 1"):
+        FairExecutor(0, "none")
+
+
+def test_a_key_holds_at_most_its_share_of_the_threads() -> None:
+    """Four threads, two per key: A's backlog runs two at a time and B's call gets a free
+    thread at once, even while A has calls waiting; every call runs exactly once."""
+    fair = FairExecutor(4, "test-fair", per_key=2)
+    lock = threading.Lock()
+    running: dict[str, int] = {}
+    most: dict[str, int] = {}
+    done: list[str] = []
+    release = threading.Event()
+
+    def call(key: str, label: str) -> None:
+        with lock:
+            running[key] = running.get(key, 0) + 1
+            most[key] = max(most.get(key, 0), running[key])
+        release.wait(10)
+        with lock:
+            running[key] -= 1
+            done.append(label)
+
+    futures = [fair.submit("A", call, "A", f"A{n}") for n in range(6)]
+    wait_for(lambda: running.get("A") == 2)
+    b = fair.submit("B", call, "B", "B1")
+    wait_for(lambda: running.get("B") == 1)  # a free thread, though A's four still wait
+    assert fair.waiting() == 4
+    release.set()
+    for future in [*futures, b]:
+        future.result(10)
+    assert most == {"A": 2, "B": 1}
+    assert sorted(done) == sorted([f"A{n}" for n in range(6)] + ["B1"])
+    assert fair.waiting() == 0
+
+
+def test_the_fair_executor_survives_base_exceptions_and_keeps_the_callers_context() -> None:
+    import contextvars
+
+    fair = FairExecutor(1, "test-fair")
+    tenant: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="none")
+
+    def stop() -> None:
+        raise SystemExit(3)
+
+    with pytest.raises(SystemExit):
+        fair.submit("A", stop).result(5)
+    assert fair.submit("A", int, "7").result(5) == 7  # its thread still serves
+    tenant.set("acme")
+    seen = fair.submit("A", contextvars.copy_context().run, tenant.get).result(5)
+    assert seen == "acme"
+
+
+def test_shutting_down_runs_every_queued_call_even_those_deferred() -> None:
+    """A's calls beyond its one thread are deferred; a shutdown that starts meanwhile still
+    runs them once A's running call ends (the pool then takes no new tasks)."""
+    fair = FairExecutor(2, "test-fair", per_key=1)
+    release = threading.Event()
+    ran: list[str] = []
+    fair.submit("A", release.wait, 10)
+    wait_for(lambda: fair.waiting() == 0)
+    for n in range(3):
+        fair.submit("A", ran.append, f"A{n}")
+    fair.submit("B", ran.append, "B0")
+    wait_for(lambda: ran == ["B0"] and fair._deferred == 3)
+    stopping = threading.Thread(target=fair.shutdown)
+    stopping.start()
+    release.set()
+    stopping.join(10)
+    assert not stopping.is_alive()
+    assert ran == ["B0", "A0", "A1", "A2"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -168,7 +169,13 @@ def test_a_lookup_never_waits_for_another_versions_load(
         return real_load(path)
 
     monkeypatch.setattr(lookup.Bundle, "load", staticmethod(slow_load))
-    lookups = Lookups(BUNDLE, "sentdp-unit:v1", lambda tag: ("sentdp-unit", "v2", other_version))
+    asked: list[str] = []
+
+    def store(tag: str) -> tuple[str, str | None, Path]:
+        asked.append(tag)
+        return ("sentdp-unit", "v2", other_version)
+
+    lookups = Lookups(BUNDLE, "sentdp-unit:v1", store)
     answers: dict[str, object] = {}
 
     def ask(name: str, model: str) -> None:
@@ -181,6 +188,11 @@ def test_a_lookup_never_waits_for_another_versions_load(
             thread.start()
         while not loads:
             threading.Event().wait(0.01)
+        deadline = time.monotonic() + 5
+        while len(asked) < 2:  # both v2 callers are past the store, one loading, one waiting
+            assert time.monotonic() < deadline, "timed out waiting"
+            threading.Event().wait(0.01)
+        assert len(loads) == 1
         served.start()
         served.join(5)
         assert not served.is_alive()  # it did not wait for v2's load
