@@ -26,7 +26,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -351,7 +351,7 @@ class Charging:
         try:
             reserved: Reservation | Replay = await self._ledger(
                 "reserve",
-                tenant.id,
+                request,
                 self.ledger.reserve,
                 tenant.id,
                 request.user,
@@ -359,6 +359,7 @@ class Charging:
                 tenant.policy,
                 request.request_id,
                 admission.key,
+                abandoned=lambda reserved: self._refund_abandoned(request, admission, reserved),
             )
             return reserved
         except BudgetExhaustedError as refused:
@@ -538,7 +539,7 @@ class Charging:
         try:
             await self._ledger(
                 "settle",
-                request.tenant.id,
+                request,
                 self.ledger.settle,
                 request.tenant.id,
                 request.user,
@@ -558,22 +559,84 @@ class Charging:
     async def _ledger(
         self,
         operation: str,
-        tenant: str,
+        request: ChargedRequest,
         function: Callable[..., Any],
         *args: Any,
         must_run: bool = False,
+        abandoned: Callable[[Any], None] | None = None,
     ) -> Any:
-        """A ledger call on the ledger's threads (database calls never block the event loop),
-        in the tenant's turn among tenants with calls waiting. A call that ``must_run`` (a
-        settlement after the worker ran) runs even if the request is cancelled meanwhile (a
-        client gone): cancelled, it would leave its charges reserved and its key pending."""
+        """A ledger call for ``request`` on the ledger's threads (database calls never block
+        the event loop), in its tenant's turn among tenants with calls waiting.
+
+        If the request is cancelled (a client gone) while the call waits, the call is
+        dropped, unless it ``must_run`` (a settlement after the worker ran: dropped, it
+        would leave its charges reserved and its key pending). A call that runs although its
+        request is gone is still logged if it fails, and ``abandoned`` gets its result."""
         started = time.perf_counter()
+        call = contextvars.copy_context().run
+        future = self._ledger_calls.submit(request.tenant.id, call, function, *args)
+        done = asyncio.wrap_future(future)
         try:
-            call = contextvars.copy_context().run
-            done = asyncio.wrap_future(self._ledger_calls.submit(tenant, call, function, *args))
             return await (asyncio.shield(done) if must_run else done)
+        except asyncio.CancelledError:
+            if not future.cancelled():  # it runs, or ran, with no one waiting for it
+                done.add_done_callback(lambda d: d.cancelled() or d.exception())  # seen below
+                future.add_done_callback(
+                    lambda f: self._ended_unawaited(operation, request, f, abandoned)
+                )
+            raise
         finally:
             metric("ledger_seconds").labels(operation).observe(time.perf_counter() - started)
+
+    @staticmethod
+    def _ended_unawaited(
+        operation: str,
+        request: ChargedRequest,
+        future: Future[Any],
+        abandoned: Callable[[Any], None] | None,
+    ) -> None:
+        """A ledger call ended after its request was cancelled: log a failure, or hand its
+        result to ``abandoned``."""
+        error = future.exception()
+        if error is not None:
+            logger.error(
+                "ledger %s failed after its request was cancelled (request %s)",
+                operation,
+                request.request_id,
+                exc_info=error,
+            )
+        elif abandoned is not None:
+            abandoned(future.result())
+
+    def _refund_abandoned(
+        self, request: ChargedRequest, admission: Admission, reserved: Reservation | Replay
+    ) -> None:
+        """A reservation ended after its request was cancelled: the worker never ran for it,
+        so refund its charges and release its key (a retry then runs afresh)."""
+        if not isinstance(reserved, Reservation):
+            return  # a replay charged nothing
+
+        def refund() -> None:
+            self.ledger.settle(
+                request.tenant.id,
+                request.user,
+                [],
+                reserved.charge_ids,
+                admission.key,
+                None,
+                200,
+                request.request_id,
+            )
+
+        def failed(settled: Future[None]) -> None:
+            if settled.exception() is not None:
+                logger.error(
+                    "refunding a cancelled request's reservation failed (request %s)",
+                    request.request_id,
+                    exc_info=settled.exception(),
+                )
+
+        self._ledger_calls.submit(request.tenant.id, refund).add_done_callback(failed)
 
     async def read(
         self, tenant: str, function: Callable[..., Any], *args: Any, ledger: bool = False

@@ -174,11 +174,14 @@ class FairExecutor:
         self._running: dict[Hashable, int] = {}
         self._deferred = 0
         """Tasks that found every waiting key at its limit; put back as calls end."""
+        self._closed = False
 
     def submit(self, key: Hashable, function: Callable[..., T], *args: Any) -> Future[T]:
         """Queue ``function(*args)`` under ``key``; its future."""
         future: Future[T] = Future()
         with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new calls after shutdown")
             queue = self._waiting.get(key)
             if queue is None:
                 queue = self._waiting[key] = deque()
@@ -198,6 +201,8 @@ class FairExecutor:
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop taking calls (those queued still run) and, with ``wait``, wait for them."""
+        with self._lock:
+            self._closed = True
         self._pool.shutdown(wait=wait)
 
     def _take(self) -> tuple[Hashable, Call] | None:
@@ -221,9 +226,17 @@ class FairExecutor:
             return None
 
     def _run_next(self) -> None:
+        """Run the next call in turn; then, while the pool takes no more tasks (shutting
+        down), run here the deferred calls it would have taken."""
+        while self._run_one():
+            pass
+
+    def _run_one(self) -> bool:
+        """Run one call (or defer); whether a deferred task must run here because the pool
+        refused it."""
         taken = self._take()
         if taken is None:
-            return
+            return False
         key, (future, function, args) = taken
         try:
             if future.set_running_or_notify_cancel():
@@ -242,11 +255,13 @@ class FairExecutor:
                     del self._running[key]
                 resume = self._deferred > 0
                 self._deferred -= resume
-            if resume:  # this call's key has a thread to spare now: one deferred task may run
-                try:
-                    self._pool.submit(self._run_next)
-                except RuntimeError:  # the pool is shutting down: drain the calls here
-                    self._run_next()
+        if not resume:  # this call's key has a thread to spare now: one deferred task may run
+            return False
+        try:
+            self._pool.submit(self._run_next)
+        except RuntimeError:  # the pool is shutting down: run it on this thread
+            return True
+        return False
 
 
 class _KeyedExecutor(Executor):

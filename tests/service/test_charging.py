@@ -883,3 +883,78 @@ def test_sqlite_gets_one_ledger_thread_and_postgresql_eight_four_per_tenant(
     ledger.parallel_writes = True  # as a PostgreSQL ledger says
     parallel = charging(ledger, FakeWorker(BUNDLE))
     assert (parallel._ledger_calls._pool._max_workers, parallel._ledger_calls.per_key) == (8, 4)
+
+
+def test_a_reservation_whose_request_is_cancelled_while_it_runs_is_refunded(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client goes away while its reservation is being written: the worker never runs,
+    so once the reservation ends its charge is refunded and the Idempotency-Key released (a
+    retry with the key runs afresh). Cancelled before it starts, it never reserves."""
+    worker = FakeWorker(BUNDLE)
+    flow = charging(ledger, worker)
+    started = threading.Event()
+    release = threading.Event()
+    real_reserve = ledger.reserve
+
+    def reserve(*args, **kwargs):  # type: ignore[no-untyped-def]
+        started.set()
+        release.wait(10)
+        return real_reserve(*args, **kwargs)
+
+    monkeypatch.setattr(ledger, "reserve", reserve)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(flow.handle(request(idempotency_key="k-gone")))
+        await until(started.is_set)  # the reservation runs on the ledger's thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        await until(lambda: states(ledger) == ["refunded"])
+
+    asyncio.run(scenario())
+    assert worker.calls == 0
+    monkeypatch.setattr(ledger, "reserve", real_reserve)
+    retried, _ = run(flow, request(idempotency_key="k-gone"))
+    assert (retried.status, retried.replayed) == (200, False)
+    assert states(ledger) == ["refunded", "final"]
+
+
+def test_a_settlement_that_fails_after_its_request_was_cancelled_is_logged(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import service.charging as charging_module
+
+    monkeypatch.setattr(charging_module, "LEDGER_THREADS", 1)
+    worker = FakeWorker(BUNDLE)
+    gate = asyncio.Event()
+    flow = charging(ledger, gated(worker, gate))  # type: ignore[arg-type]
+    release = threading.Event()
+
+    def broken_settle(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the database went away")
+
+    req = request()
+
+    async def scenario() -> None:
+        task = asyncio.create_task(flow.handle(req))
+        await until(lambda: states(ledger) == ["reserved"])
+        blocker = flow._ledger_calls.submit("other", release.wait, 10)
+        await until(lambda: flow._ledger_calls.waiting() == 0)
+        monkeypatch.setattr(ledger, "settle", broken_settle)
+        gate.set()
+        await until(lambda: flow._ledger_calls.waiting() == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        await asyncio.wrap_future(blocker)
+        await until(lambda: "the database went away" in caplog.text)
+
+    with caplog.at_level("ERROR", logger="sentdp.service"):
+        asyncio.run(scenario())
+    assert f"ledger settle failed after its request was cancelled (request {req.request_id})" in (
+        caplog.text
+    )
+    assert states(ledger) == ["reserved"]  # still counted: an over-charge, never an under-charge

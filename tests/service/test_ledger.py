@@ -380,6 +380,49 @@ def test_a_new_sqlite_ledger_file_is_private(tmp_path: Path) -> None:
     ledger.close()
 
 
+def test_sqlite_writers_of_every_process_take_turns_on_one_lock_file(tmp_path: Path) -> None:
+    """A write transaction holds an exclusive flock of ``<ledger>.writers`` (another open
+    of the file, as another process would make, cannot take it meanwhile) and gives it back
+    when it ends, committed or not; with ``queue_writers=False`` it takes nothing."""
+    import fcntl
+    import os
+
+    from service.ledger.sqlite import SqliteLedger
+
+    path = tmp_path / "ledger.sqlite3"
+    ledger = open_ledger(f"sqlite:///{path}")
+    lock = Path(f"{path}.writers")
+
+    def taken() -> bool:
+        other = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(other)
+        return False
+
+    with ledger.transaction():
+        assert taken()
+    assert not taken()
+
+    def failing_transaction() -> None:
+        with ledger.transaction():
+            assert taken()
+            raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError, match="rolled back"):
+        failing_transaction()
+    assert not taken()
+    assert lock.stat().st_mode & 0o077 == 0
+    ledger.close()
+    unqueued = SqliteLedger(path, queue_writers=False)
+    with unqueued.transaction():
+        assert not taken()
+    unqueued.close()
+
+
 def test_replicas_starting_together_initialise_one_fresh_ledger(ledger_url) -> None:
     """Eight processes' worth of first connections at once, on a schema that does not exist
     yet: every one opens the ledger (PostgreSQL's concurrent CREATE ... IF NOT EXISTS fails on

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import pytest
 
@@ -346,3 +347,82 @@ def test_shutting_down_runs_every_queued_call_even_those_deferred() -> None:
     stopping.join(10)
     assert not stopping.is_alive()
     assert ran == ["B0", "A0", "A1", "A2"]
+
+
+def stress_trial(trial: int) -> None:
+    """One random trial of :func:`test_the_fair_executor_runs_every_call_once_under_random_load`."""
+    import random
+
+    rng = random.Random(trial)
+    threads = rng.randint(1, 5)
+    fair = FairExecutor(threads, f"stress-{trial}", per_key=rng.randint(1, threads))
+    keys = [f"k{n}" for n in range(rng.randint(1, 6))]
+    lock = threading.Lock()
+    ran: list[int] = []
+    running: dict[str, int] = {}
+    most = [0]
+    submitted: list[tuple[int, Future[None]]] = []
+
+    def call(key: str, label: int, pause: float) -> None:
+        with lock:
+            running[key] = running.get(key, 0) + 1
+            most[0] = max(most[0], running[key])
+        time.sleep(pause)
+        with lock:
+            running[key] -= 1
+            ran.append(label)
+
+    def submitter(offset: int) -> None:
+        local = random.Random(trial * 10 + offset)
+        for n in range(25):
+            label = offset * 1000 + n
+            key = local.choice(keys)
+            pause = local.choice((0.0, 0.0, 0.001, 0.003))
+            future = fair.submit(key, call, key, label, pause)
+            with lock:
+                submitted.append((label, future))
+
+    senders = [threading.Thread(target=submitter, args=(n,)) for n in range(3)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join()
+    cancelled = {label for label, future in submitted if rng.random() < 0.3 and future.cancel()}
+    for label, future in submitted:
+        if label not in cancelled:
+            future.result(10)
+    wait_for(lambda: fair.waiting() == 0 and not fair._running)
+    assert sorted(ran) == sorted(label for label, _ in submitted if label not in cancelled)
+    assert most[0] <= fair.per_key
+    fair.shutdown()
+
+
+def test_the_fair_executor_runs_every_call_once_under_random_load() -> None:
+    """Random threads, per-key limits, keys, cancellations and durations, with calls
+    submitted from three threads: every call not cancelled runs exactly once, no cancelled
+    one runs, no key passes its limit, and nothing is left."""
+    for trial in range(60):
+        stress_trial(trial)
+
+
+def test_a_shut_down_executor_refuses_calls_and_drains_a_long_deferred_backlog() -> None:
+    """3,000 calls deferred behind one running call of their key all run once the shutdown
+    has begun (on the thread that ends, without recursing), and a call submitted after the
+    shutdown is refused without taking another call's place."""
+    fair = FairExecutor(2, "test-fair", per_key=1)
+    release = threading.Event()
+    ran: list[int] = []
+    fair.submit("A", release.wait, 10)
+    wait_for(lambda: fair.waiting() == 0)
+    futures = [fair.submit("A", ran.append, n) for n in range(3000)]
+    wait_for(lambda: fair._deferred == 3000)
+    stopping = threading.Thread(target=fair.shutdown)
+    stopping.start()
+    wait_for(lambda: fair._closed)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        fair.submit("B", ran.append, -1)
+    release.set()
+    stopping.join(30)
+    assert not stopping.is_alive()
+    assert ran == list(range(3000))
+    assert all(future.done() for future in futures)
