@@ -958,3 +958,48 @@ def test_a_settlement_that_fails_after_its_request_was_cancelled_is_logged(
         caplog.text
     )
     assert states(ledger) == ["reserved"]  # still counted: an over-charge, never an under-charge
+
+
+def test_a_reservation_cancelled_before_it_starts_never_runs_and_budget_reads_take_turns(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One ledger thread, busy: a request cancelled while its reservation waits never
+    reserves; a budget read of another tenant runs in its own turn, not after all of acme's
+    queued calls."""
+    import service.charging as charging_module
+
+    monkeypatch.setattr(charging_module, "LEDGER_THREADS", 1)
+    flow = charging(ledger, FakeWorker(BUNDLE))
+    release = threading.Event()
+    order: list[str] = []
+    reserved: list[str] = []
+    real_reserve = ledger.reserve
+
+    def reserve(*args, **kwargs):  # type: ignore[no-untyped-def]
+        reserved.append(args[1])
+        return real_reserve(*args, **kwargs)
+
+    monkeypatch.setattr(ledger, "reserve", reserve)
+
+    async def scenario() -> None:
+        blocker = flow._ledger_calls.submit("other", release.wait, 10)
+        await until(lambda: flow._ledger_calls.waiting() == 0)
+        task = asyncio.create_task(flow.handle(request(user="gone")))
+        await until(lambda: flow._ledger_calls.waiting() == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        queued = [flow._ledger_calls.submit("acme", order.append, f"acme {n}") for n in range(3)]
+        read = asyncio.create_task(flow.read("pairs", order.append, "pairs", ledger=True))
+        await until(lambda: flow._ledger_calls.waiting() == 5)  # the cancelled one, 3, 1
+        release.set()
+        await asyncio.wrap_future(blocker)
+        await read
+        for future in queued:
+            await asyncio.wrap_future(future)
+
+    asyncio.run(scenario())
+    assert reserved == []  # the cancelled request's reservation never ran
+    assert states(ledger) == []
+    # the cancelled reservation was acme's first call in turn; skipped, it used acme's turn
+    assert order == ["pairs", "acme 0", "acme 1", "acme 2"]
