@@ -43,6 +43,7 @@ from service.ledger import (
     IdempotencyInFlightError,
     IdempotencyKey,
     IdempotencyMismatchError,
+    LedgerError,
     Replay,
     Reservation,
     SqlLedger,
@@ -598,7 +599,14 @@ class Charging:
         """A ledger call ended after its request was cancelled: log a failure, or hand its
         result to ``abandoned``."""
         error = future.exception()
-        if error is not None:
+        if isinstance(error, LedgerError):  # a refusal (budget, key): nothing to repair
+            logger.info(
+                "ledger %s refused after its request was cancelled (request %s): %s",
+                operation,
+                request.request_id,
+                type(error).__name__,
+            )
+        elif error is not None:
             logger.error(
                 "ledger %s failed after its request was cancelled (request %s)",
                 operation,
@@ -606,7 +614,14 @@ class Charging:
                 exc_info=error,
             )
         elif abandoned is not None:
-            abandoned(future.result())
+            try:
+                abandoned(future.result())
+            except Exception:
+                logger.exception(
+                    "repairing a cancelled request's ledger %s failed (request %s)",
+                    operation,
+                    request.request_id,
+                )
 
     def _refund_abandoned(
         self, request: ChargedRequest, admission: Admission, reserved: Reservation | Replay

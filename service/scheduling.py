@@ -187,7 +187,7 @@ class FairExecutor:
                 queue = self._waiting[key] = deque()
                 self._turns.append(key)
             queue.append((future, function, args))
-        self._pool.submit(self._run_next)
+            self._pool.submit(self._run_next)  # under the lock: a shutdown cannot come between
         return future
 
     def for_key(self, key: Hashable) -> Executor:

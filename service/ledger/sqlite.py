@@ -18,6 +18,7 @@ import logging
 import os
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,48 @@ from typing import Any
 from service.ledger.sql import SqlLedger
 
 MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
+
+
+def _flock_within(lock: int, timeout: float) -> bool:
+    """Take an exclusive ``flock`` of ``lock`` in the kernel's queue of waiters (a blocking
+    wait, which serves waiters fairly; polling would lose to a process that locks again at
+    once), giving up after ``timeout`` seconds. A blocking ``flock`` cannot be timed out,
+    so it waits on a thread of its own. On False the descriptor is no longer the caller's:
+    it is closed here, or by that thread once its wait ends (releasing the lock)."""
+    import fcntl
+
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    ended = threading.Event()
+    guard = threading.Lock()
+    outcome: list[bool] = []
+    abandoned = False
+
+    def wait() -> None:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            taken = True
+        except OSError:
+            taken = False
+        with guard:
+            if abandoned:
+                os.close(lock)
+                return
+            outcome.append(taken)
+            ended.set()
+
+    threading.Thread(target=wait, name="sentdp-ledger-turn", daemon=True).start()
+    ended.wait(timeout)
+    with guard:
+        if not ended.is_set():
+            abandoned = True
+            return False
+    if not outcome[0]:
+        os.close(lock)
+    return outcome[0]
 
 
 class SqliteLedger(SqlLedger):
@@ -41,6 +84,7 @@ class SqliteLedger(SqlLedger):
     ):
         super().__init__(pending_timeout)
         self.queue_writers = queue_writers and sys.platform != "win32"
+        self._warned_writers_file = False
         """Writers wait their turn on ``<ledger>.writers`` (False: only SQLite's busy
         handler; the reference of ``loadtests/sqlite_writers.py``)."""
         if sqlite3.sqlite_version_info < MIN_SQLITE:
@@ -98,18 +142,54 @@ class SqliteLedger(SqlLedger):
     @contextmanager
     def _writers_turn(self) -> Iterator[None]:
         """This transaction's turn among the ledger's writers, in every process: an
-        exclusive ``flock``, released when the file is closed (also when a process dies)."""
+        exclusive ``flock`` of ``<ledger>.writers``, released when the file is closed (also
+        when a process dies). Waits up to ``busy_timeout``, then "database is locked" as
+        SQLite would say (a stopped process holding the turn must not hang the others); a
+        lock file that cannot be opened leaves the writers to SQLite's busy handler."""
         if not self.queue_writers:
             yield
             return
-        import fcntl
-
-        lock = os.open(f"{self.path}.writers", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        if getattr(self._local, "in_turn", False):
+            raise RuntimeError("a ledger transaction is already open on this thread")
+        lock = self._open_writers_file()
+        if lock is None:
             yield
+            return
+        try:
+            if not _flock_within(lock, self.busy_timeout):
+                lock = None  # closed by _flock_within or by its waiting thread
+                raise sqlite3.OperationalError("database is locked (waiting for the writers' turn)")
+            self._local.in_turn = True
+            try:
+                yield
+            finally:
+                self._local.in_turn = False
         finally:
-            os.close(lock)
+            if lock is not None:
+                os.close(lock)
+
+    def _open_writers_file(self) -> int | None:
+        """``<ledger>.writers``, created 0600 and owned like the ledger file; None (logged
+        once) where it cannot be opened."""
+        path = f"{self.path}.writers"
+        flags = os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        flags |= getattr(os, "O_CLOEXEC", 0)
+        try:
+            lock = os.open(path, flags, 0o600)
+        except OSError as error:
+            if not self._warned_writers_file:
+                self._warned_writers_file = True
+                logging.getLogger("sentdp.service").warning(
+                    "the ledger's writers cannot take turns (%s); SQLite's busy handler "
+                    "alone orders them",
+                    error.strerror,
+                )
+            return None
+        with contextlib.suppress(OSError):  # as root (sentdp-admin): leave it to the owner
+            ledger = self.path.stat()
+            if os.geteuid() == 0 and os.fstat(lock).st_uid != ledger.st_uid:
+                os.fchown(lock, ledger.st_uid, ledger.st_gid)
+        return lock
 
     @contextmanager
     def _write_transaction(self, conn: Any) -> Iterator[Any]:

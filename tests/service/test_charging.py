@@ -1003,3 +1003,31 @@ def test_a_reservation_cancelled_before_it_starts_never_runs_and_budget_reads_ta
     assert states(ledger) == []
     # the cancelled reservation was acme's first call in turn; skipped, it used acme's turn
     assert order == ["pairs", "acme 0", "acme 1", "acme 2"]
+
+
+def test_a_request_cancelled_while_the_worker_runs_stays_charged(ledger: SqlLedger) -> None:
+    """The worker has sampled when the client goes away: nothing may refund that charge (it
+    stays reserved, counted, until an operator or the pending timeout settles the key)."""
+    worker = FakeWorker(BUNDLE)
+    sampled = asyncio.Event()
+
+    async def samples_then_hangs(work: WorkRequest) -> list:  # type: ignore[type-arg]
+        results = await worker(work)
+        sampled.set()
+        await asyncio.Event().wait()  # until cancelled
+        return results
+
+    flow = charging(ledger, samples_then_hangs)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        task = asyncio.create_task(flow.handle(request(idempotency_key="k-sampled")))
+        await asyncio.wait_for(sampled.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.2)  # anything scheduled after the cancel has run
+
+    asyncio.run(scenario())
+    assert len(worker.journal) == 1
+    assert states(ledger) == ["reserved"]
+    assert ledger.account("acme", "alice").spent_micro > 0

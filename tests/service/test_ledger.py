@@ -396,7 +396,7 @@ def test_sqlite_writers_of_every_process_take_turns_on_one_lock_file(tmp_path: P
     def taken() -> bool:
         other = os.open(lock, os.O_RDWR)
         try:
-            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)  # even a shared lock waits
         except BlockingIOError:
             return True
         finally:
@@ -420,6 +420,53 @@ def test_sqlite_writers_of_every_process_take_turns_on_one_lock_file(tmp_path: P
     unqueued = SqliteLedger(path, queue_writers=False)
     with unqueued.transaction():
         assert not taken()
+    unqueued.close()
+
+
+def test_a_writer_gives_up_on_a_stuck_turn_like_sqlite_and_never_nests(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process holding the writers' turn (stopped, say) makes another writer fail with
+    "database is locked" after busy_timeout, as SQLite would, not hang; once it lets go the
+    ledger writes again. A transaction inside another on one thread is refused (its own
+    turn would wait for itself). A lock file that cannot be opened leaves the writers to
+    SQLite, with one warning."""
+    import fcntl
+    import os
+    import sqlite3
+
+    from service.ledger.sqlite import SqliteLedger
+
+    path = tmp_path / "ledger.sqlite3"
+    open_ledger(f"sqlite:///{path}").close()
+    ledger = SqliteLedger(path, busy_timeout=0.3)
+    holder = os.open(f"{path}.writers", os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    started = time.monotonic()
+    with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+        reserve(ledger)
+    assert 0.25 < time.monotonic() - started < 5
+    os.close(holder)  # the stuck process goes on (or dies)
+    reserve(ledger)
+    assert ledger.account("acme", "alice").spent_micro == MICRO
+
+    def nested() -> None:
+        with ledger.transaction(), ledger.transaction():
+            pass
+
+    with pytest.raises(RuntimeError, match="already open on this thread"):
+        nested()
+    reserve(ledger)  # the refused transaction left nothing held
+    ledger.close()
+
+    Path(f"{path}.writers").unlink()
+    Path(f"{path}.writers").mkdir()  # cannot be opened as a file
+    unqueued = SqliteLedger(path)
+    with caplog.at_level("WARNING", logger="sentdp.service"):
+        reserve(unqueued)
+        reserve(unqueued)
+    assert caplog.text.count("cannot take turns") == 1
+    assert unqueued.account("acme", "alice").spent_micro == 4 * MICRO
     unqueued.close()
 
 
