@@ -1031,3 +1031,31 @@ def test_a_request_cancelled_while_the_worker_runs_stays_charged(ledger: SqlLedg
     assert len(worker.journal) == 1
     assert states(ledger) == ["reserved"]
     assert ledger.account("acme", "alice").spent_micro > 0
+
+
+def test_an_abandoned_reservations_refund_leaves_a_key_another_request_took_over(
+    ledger: SqlLedger,
+) -> None:
+    """Request A's reservation ends after A was cancelled, so it is refunded; meanwhile B
+    took A's abandoned key over and stored its reply. The refund moves A's charge only: B's
+    reply still replays, and B's work is not run or charged again."""
+    from tests.service.test_ledger import age_pending_keys
+
+    worker = FakeWorker(BUNDLE)
+    flow = charging(ledger, worker)
+    req_a = request(idempotency_key="k-taken")
+    admission = flow.validate(req_a)
+    reserved = ledger.reserve(
+        "acme", "alice", admission.charge, ACME.policy, req_a.request_id, admission.key
+    )
+    age_pending_keys(ledger, 10_000)  # A's key is abandoned
+    taken, _ = run(flow, request(idempotency_key="k-taken"))
+    assert (taken.status, taken.replayed) == (200, False)
+    flow._refund_abandoned(req_a, admission, reserved)
+    deadline = time.monotonic() + 10
+    while states(ledger) != ["refunded", "final"]:
+        assert time.monotonic() < deadline, states(ledger)
+        time.sleep(0.01)
+    replayed, _ = run(flow, request(idempotency_key="k-taken"))
+    assert (replayed.status, replayed.replayed) == (200, True)
+    assert worker.calls == 1
