@@ -196,16 +196,19 @@ def encoder_mode(server: Server) -> str:
 
 
 class RssSampler(threading.Thread):
-    def __init__(self, server: Server) -> None:
+    """The server's largest resident memory (every process), sampled every ``interval`` s."""
+
+    def __init__(self, server: Server, interval: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.server = server
+        self.interval = interval
         self.peak = 0
         self.running = True
 
     def run(self) -> None:
         while self.running:
             self.peak = max(self.peak, self.server.rss_bytes())
-            time.sleep(0.5)
+            time.sleep(self.interval)
 
 
 async def load(server: Server, documents: list[list[str]], concurrency: int) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import asyncio
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,24 +29,10 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for tests.support
+from loadtests.bench_service import RssSampler
 from tests.support import TENANTS, Server, write_tenants
 
 UNBOUNDED = str(1 << 30)
-
-
-class PeakRss(threading.Thread):
-    """The server's largest resident memory, sampled every 0.2 s."""
-
-    def __init__(self, server: Server) -> None:
-        super().__init__(daemon=True)
-        self.server = server
-        self.peak = 0
-        self.running = True
-
-    def run(self) -> None:
-        while self.running:
-            self.peak = max(self.peak, self.server.rss_bytes())
-            time.sleep(0.2)
 
 
 def flood_body() -> bytes:
@@ -118,7 +103,7 @@ def run_once(model: str, bound: str | None, seconds: float, concurrency: int) ->
         try:
             time.sleep(2)
             idle = server.rss_bytes()
-            sampler = PeakRss(server)
+            sampler = RssSampler(server, interval=0.2)
             sampler.start()
             result = asyncio.run(flood_and_calm(server, seconds, concurrency))
             sampler.running = False

@@ -15,7 +15,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -289,3 +291,23 @@ def cube_calibration(vote: SentenceVote) -> tuple[np.ndarray, np.ndarray]:
         spread += 10 * np.abs(vote.word_weights).max()  # about ten words a sentence
     classes = vote.classes
     return np.linspace(0.5, 2.0, classes) * 4 / spread, np.linspace(1.0, -1.0, classes)
+
+
+class Concurrency:
+    """How many calls run at once per key, from any thread: ``most`` is each key's peak."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running: dict[Hashable, int] = {}
+        self.most: dict[Hashable, int] = {}
+
+    @contextlib.contextmanager
+    def counting(self, key: Hashable) -> Iterator[None]:
+        with self.lock:
+            self.running[key] = self.running.get(key, 0) + 1
+            self.most[key] = max(self.most.get(key, 0), self.running[key])
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.running[key] -= 1

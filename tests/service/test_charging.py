@@ -28,6 +28,7 @@ from service.tenants import Tenant
 from service.validation import Limits
 from service.views import label_of
 from tests.service.fakes import DIM, FakeWorker, embed, tiny_bundle
+from tests.support import Concurrency
 
 BUNDLE = tiny_bundle()
 VERSION = "sentdp-unit:v1"
@@ -742,20 +743,15 @@ def test_free_reads_run_one_per_tenant_on_their_own_threads(ledger: SqlLedger) -
     """A flood of one tenant's reads (label lookups, /budget) waits behind itself, not in front
     of another tenant's reads; past the waiting limit it is refused, before any work."""
     flow = charging(ledger, FakeWorker(BUNDLE))
-    running: dict[str, int] = {}
-    most: dict[str, int] = {}
+    probe = Concurrency()
+    most = probe.most
     threads: set[str] = set()
     order: list[str] = []
-    lock = threading.Lock()
 
     def slow_read(tenant: str, name: str) -> str:
-        with lock:
-            running[tenant] = running.get(tenant, 0) + 1
-            most[tenant] = max(most.get(tenant, 0), running[tenant])
+        with probe.counting(tenant):
             threads.add(threading.current_thread().name)
-        time.sleep(0.05)
-        with lock:
-            running[tenant] -= 1
+            time.sleep(0.05)
             order.append(name)
         return name
 

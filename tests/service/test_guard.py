@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import threading
 import time
 from typing import Any
 
@@ -16,6 +15,7 @@ from service.guard import GuardMiddleware, bearer_token, is_json, json_depth_exc
 from service.metrics import metric
 from service.settings import REQUEST_OVERHEAD_BYTES
 from service.tenants import Tenant, TenantRegistry, hash_key
+from tests.support import Concurrency
 
 KEY = "sdp_unit_key"
 REGISTRY = TenantRegistry(
@@ -176,19 +176,13 @@ def test_metrics_need_their_own_token(
 def test_large_bodies_are_scanned_one_per_tenant_off_the_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    running: dict[bytes, int] = {}
-    most: dict[bytes, int] = {}
+    probe = Concurrency()
+    most = probe.most
     finished: list[bytes] = []
-    lock = threading.Lock()
 
     def slow_scan(body: bytes, limit: int) -> bool:
-        tenant = body[:1]
-        with lock:
-            running[tenant] = running.get(tenant, 0) + 1
-            most[tenant] = max(most.get(tenant, 0), running[tenant])
-        time.sleep(0.2)
-        with lock:
-            running[tenant] -= 1
+        with probe.counting(body[:1]):
+            time.sleep(0.2)
             finished.append(body[:2])
         return False
 
@@ -364,24 +358,15 @@ def test_a_tenants_requests_in_flight_are_bounded_in_bytes_and_given_back() -> N
         return dict(middleware.bodies._inflight)
 
     assert asyncio.run(scenario()) == {}
-    for limit, admitted in ((64 + overhead - 1, False), (64 + overhead, True)):
-        if admitted:
-            GuardMiddleware(
-                app,
-                lambda: REGISTRY,
-                max_body_bytes=64,
-                max_json_depth=4,
-                tenant_inflight_bytes=limit,
-            )
-            continue
-        with pytest.raises(ValueError, match="must admit the largest body"):
-            GuardMiddleware(
-                app,
-                lambda: REGISTRY,
-                max_body_bytes=64,
-                max_json_depth=4,
-                tenant_inflight_bytes=limit,
-            )
+
+    def limited(limit: int) -> GuardMiddleware:
+        return GuardMiddleware(
+            app, lambda: REGISTRY, max_body_bytes=64, max_json_depth=4, tenant_inflight_bytes=limit
+        )
+
+    assert limited(64 + overhead).bodies.limit == 64 + overhead
+    with pytest.raises(ValueError, match="must admit the largest body"):
+        limited(64 + overhead - 1)
     assert received["declared over"] == 0  # refused before any of the body was read
     assert answered == {
         "over": (429, "tenant_busy", True),

@@ -10,6 +10,7 @@ from concurrent.futures import Future
 import pytest
 
 from service.scheduling import ComputeThread, FairExecutor, FairGate, TenantLoad, Turn
+from tests.support import Concurrency
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -284,20 +285,15 @@ def test_a_key_holds_at_most_its_share_of_the_threads() -> None:
     """Four threads, two per key: A's backlog runs two at a time and B's call gets a free
     thread at once, even while A has calls waiting; every call runs exactly once."""
     fair = FairExecutor(4, "test-fair", per_key=2)
-    lock = threading.Lock()
-    running: dict[str, int] = {}
-    most: dict[str, int] = {}
+    probe = Concurrency()
+    running, most = probe.running, probe.most
     done: list[str] = []
     release = threading.Event()
 
     def call(key: str, label: str) -> None:
-        with lock:
-            running[key] = running.get(key, 0) + 1
-            most[key] = max(most.get(key, 0), running[key])
-        release.wait(10)
-        with lock:
-            running[key] -= 1
-            done.append(label)
+        with probe.counting(key):
+            release.wait(10)
+        done.append(label)
 
     futures = [fair.submit("A", call, "A", f"A{n}") for n in range(6)]
     wait_for(lambda: running.get("A") == 2)
@@ -359,17 +355,13 @@ def stress_trial(trial: int) -> None:
     keys = [f"k{n}" for n in range(rng.randint(1, 6))]
     lock = threading.Lock()
     ran: list[int] = []
-    running: dict[str, int] = {}
-    most = [0]
+    probe = Concurrency()
     submitted: list[tuple[int, Future[None]]] = []
 
     def call(key: str, label: int, pause: float) -> None:
+        with probe.counting(key):
+            time.sleep(pause)
         with lock:
-            running[key] = running.get(key, 0) + 1
-            most[0] = max(most[0], running[key])
-        time.sleep(pause)
-        with lock:
-            running[key] -= 1
             ran.append(label)
 
     def submitter(offset: int) -> None:
@@ -393,7 +385,7 @@ def stress_trial(trial: int) -> None:
             future.result(10)
     wait_for(lambda: fair.waiting() == 0 and not fair._running)
     assert sorted(ran) == sorted(label for label, _ in submitted if label not in cancelled)
-    assert most[0] <= fair.per_key
+    assert max(probe.most.values(), default=0) <= fair.per_key
     fair.shutdown()
 
 
