@@ -38,7 +38,12 @@ def test_a_version_1_secret_moves_out_of_the_database(tmp_path: Path) -> None:
     # Nor is it left in the ledger's files while the server runs, write-ahead log included,
     # for a file-level backup to copy (closing the last connection would hide that).
     files = sorted(tmp_path.glob("ledger.sqlite3*"))
-    assert len(files) == 3
+    assert [f.name for f in files] == [
+        "ledger.sqlite3",
+        "ledger.sqlite3-shm",
+        "ledger.sqlite3-wal",
+        "ledger.sqlite3.writers",  # the writers' lock file, empty
+    ]
     assert all(b"cd" * 32 not in f.read_bytes() for f in files)
     assert load_signer(tmp_path / "secret", ledger) == signer  # stable across restarts
     ledger.close()
@@ -87,7 +92,12 @@ def test_the_moved_secret_leaves_the_wal_even_while_another_connection_reads(
     ledger.forget_legacy_hmac_secret()  # its checkpoint is busy until the reader ends
     ended.join()
     files = sorted(tmp_path.glob("ledger.sqlite3*"))
-    assert len(files) == 3
+    assert [f.name for f in files] == [
+        "ledger.sqlite3",
+        "ledger.sqlite3-shm",
+        "ledger.sqlite3-wal",
+        "ledger.sqlite3.writers",  # the writers' lock file, empty
+    ]
     assert all(b"ab" * 32 not in f.read_bytes() for f in files)
     reader.close()
     ledger.close()
