@@ -1055,3 +1055,22 @@ def test_an_abandoned_reservations_refund_leaves_a_key_another_request_took_over
     replayed, _ = run(flow, request(idempotency_key="k-taken"))
     assert (replayed.status, replayed.replayed) == (200, True)
     assert worker.calls == 1
+
+
+def test_an_abandoned_replay_refunds_nothing(ledger: SqlLedger) -> None:
+    """A cancelled request whose reservation found its key completed (a replay) charged
+    nothing, so nothing is refunded: the stored charge stays final and its reply replays."""
+    from service.ledger import Replay
+
+    worker = FakeWorker(BUNDLE)
+    flow = charging(ledger, worker)
+    first, _ = run(flow, request(idempotency_key="k-done"))
+    assert first.status == 200
+    req = request(idempotency_key="k-done")
+    flow._refund_abandoned(req, flow.validate(req), Replay(first.body, 200))
+    assert flow._ledger_calls.waiting() == 0
+    time.sleep(0.1)
+    assert states(ledger) == ["final"]
+    replayed, _ = run(flow, request(idempotency_key="k-done"))
+    assert (replayed.status, replayed.replayed) == (200, True)
+    assert worker.calls == 1
