@@ -6,9 +6,10 @@ answers 409 while it is still running, and frees the key when nothing was sample
 become exceptions that carry the server's error code, message and extra fields.
 
 Retried (same key, exponential backoff, at least the server's ``Retry-After``): connection
-failures and timeouts, 429 (tenant busy: nothing charged, or everything refunded), 409 (the
-same key still in flight), a 503 that released nothing (every charge refunded), and a
-proxy's 502/503/504 without sentdp's error body. Each is safe under one key: the server
+failures and timeouts, 429 (tenant busy: nothing charged, or everything refunded), 408 (the
+body arrived too slowly: nothing charged), 409 (the same key still in flight), a 503 that
+released nothing (every charge refunded), and a proxy's 502/503/504 without sentdp's error
+body. Each is safe under one key: the server
 replays a finished request (a failure after sampling included), answers 409 while it runs
 and frees the key only when nothing was sampled. Not retried: sentdp's own
 500 ``mechanism_failed`` and 502 ``worker_response_lost`` (replaying them would only return
@@ -28,7 +29,7 @@ from typing import Any
 
 import httpx
 
-RETRY_CODES = frozenset({"tenant_busy", "idempotency_key_in_flight"})
+RETRY_CODES = frozenset({"tenant_busy", "idempotency_key_in_flight", "body_timeout"})
 CHARGE_STANDS = frozenset({"worker_response_lost", "mechanism_failed"})
 """Failures after the mechanism may have run: the charge is final, a retry is a new charge."""
 

@@ -21,6 +21,7 @@ class Code(StrEnum):
     INVALID_BODY = "invalid_body"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     BODY_TOO_LARGE = "body_too_large"
+    BODY_TIMEOUT = "body_timeout"
     INVALID_EPSILON = "invalid_epsilon"
     INVALID_DOCUMENT = "invalid_document"
     INVALID_CANDIDATE = "invalid_candidate"
@@ -46,6 +47,7 @@ STATUS: dict[Code, HTTPStatus] = {
     Code.INVALID_BODY: HTTPStatus.BAD_REQUEST,
     Code.UNSUPPORTED_MEDIA_TYPE: HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
     Code.BODY_TOO_LARGE: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    Code.BODY_TIMEOUT: HTTPStatus.REQUEST_TIMEOUT,
     Code.INVALID_EPSILON: HTTPStatus.BAD_REQUEST,
     Code.INVALID_DOCUMENT: HTTPStatus.BAD_REQUEST,
     Code.INVALID_CANDIDATE: HTTPStatus.BAD_REQUEST,

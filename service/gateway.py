@@ -290,6 +290,7 @@ Gateway.add_asgi_middleware(  # type: ignore[attr-defined]
     registry_loader=_registry,
     max_body_bytes=BOOT.max_body_bytes,
     tenant_inflight_bytes=BOOT.inflight_bytes(),
+    body_timeout=BOOT.body_timeout_s,
     max_json_depth=BOOT.max_json_depth,
     metrics_token=BOOT.metrics_token,
 )

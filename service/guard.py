@@ -5,6 +5,7 @@
 * 415 for a body that is not JSON (BentoML would try to parse it as a multipart form and
   answer a malformed one with a 500).
 * 413 when the body is larger than the limit (by Content-Length or as it streams in).
+* 408 ``body_timeout`` when the body takes longer than ``body_timeout`` seconds to arrive.
 * 429 ``tenant_busy`` when the tenant's requests in this process would pass
   ``tenant_inflight_bytes``: a request counts :data:`~service.settings.REQUEST_OVERHEAD_BYTES`
   plus its body (its Content-Length at once, else its bytes as they stream in) from its
@@ -23,6 +24,7 @@ off (403) while no token is configured. Health and docs routes pass through unto
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -220,6 +222,7 @@ class GuardMiddleware:
         max_json_depth: int,
         tenant_inflight_bytes: int,
         metrics_token: str | None = None,
+        body_timeout: float = 30.0,
     ) -> None:
         if tenant_inflight_bytes < max_body_bytes + REQUEST_OVERHEAD_BYTES:
             raise ValueError("a tenant's bytes in flight must admit the largest body")
@@ -228,6 +231,7 @@ class GuardMiddleware:
         self._loader = registry_loader
         self.max_body_bytes = max_body_bytes
         self.bodies = TenantLoad(tenant_inflight_bytes, requests=None)
+        self.body_timeout = body_timeout
         self.max_json_depth = max_json_depth
         self.scans = DepthScans()
 
@@ -255,7 +259,7 @@ class GuardMiddleware:
             if not self._count(tenant.id, counted, self._declared(scope.get("headers", []))):
                 await self._busy(tenant.id, send)
                 return
-            body = await self._received(tenant.id, receive, send, counted)
+            body = await self._received_in_time(tenant.id, receive, send, counted)
             if body is None:
                 return
             refused = await self._depth_refusal(tenant.id, body)
@@ -304,6 +308,18 @@ class GuardMiddleware:
             "retry after one ends"
         )
         await send_error(send, Code.TENANT_BUSY, busy, ((b"retry-after", b"1"),))
+
+    async def _received_in_time(
+        self, tenant: str, receive: Receive, send: Send, counted: list[int]
+    ) -> bytes | None:
+        """:meth:`_received` within ``body_timeout`` (else 408, and None)."""
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                return await self._received(tenant, receive, send, counted)
+        except TimeoutError:
+            late = f"the request body did not arrive within {self.body_timeout:g} s"
+            await send_error(send, Code.BODY_TIMEOUT, late)
+            return None
 
     async def _received(
         self, tenant: str, receive: Receive, send: Send, counted: list[int]

@@ -88,6 +88,9 @@ class ServiceSettings(BaseSettings):
     (it draws nothing); well below the worker's timeout, so no answer is lost after sampling."""
     max_sentence_chars: int = Field(default=2000, ge=1)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """Seconds a charged request's body may take to arrive; slower: 408 ``body_timeout``
+    (nothing charged), and the bytes it held for its tenant are given back."""
     tenant_inflight_bytes: int | None = None
     """Bytes of request bodies one tenant may have in this gateway process at once, from
     the request's arrival to its response (waiting to be scanned, checked or run), each

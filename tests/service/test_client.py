@@ -85,17 +85,21 @@ def test_a_failure_after_sampling_is_not_retried(server) -> None:
     assert len(charges) == 1  # one charge: the client did not spend the budget again
 
 
-def test_connection_failures_and_429_are_retried_with_one_key() -> None:
-    """The retry policy on an in-process transport: a dropped connection, then 429, then
-    200; every attempt carries the same Idempotency-Key."""
+def test_connection_failures_408_and_429_are_retried_with_one_key() -> None:
+    """The retry policy on an in-process transport: a dropped connection, then 408 (the body
+    arrived too slowly), then 429, then 200; every attempt carries the same
+    Idempotency-Key."""
     keys: list[str | None] = []
-    answers = iter(["drop", 429, 200])
+    answers = iter(["drop", 408, 429, 200])
 
     def handler(request: httpx.Request) -> httpx.Response:
         keys.append(request.headers.get("idempotency-key"))
         answer = next(answers)
         if answer == "drop":
             raise httpx.ConnectError("connection reset", request=request)
+        if answer == 408:
+            late = {"error": {"code": "body_timeout", "message": "slow"}}
+            return httpx.Response(408, json=late)
         if answer == 429:
             return httpx.Response(429, json={"error": {"code": "tenant_busy", "message": "busy"}})
         budget = {
@@ -111,7 +115,7 @@ def test_connection_failures_and_429_are_retried_with_one_key() -> None:
     with Client("http://sentdp", "key", backoff=0.0, transport=transport) as sentdp:
         release = sentdp.privatize("u", 1.0, ["A. B."])
     assert release.budget.remaining == 9.0
-    assert len(keys) == 3
+    assert len(keys) == 4
     assert len(set(keys)) == 1
     assert keys[0] == release.idempotency_key
 

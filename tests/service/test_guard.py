@@ -381,3 +381,41 @@ def test_a_tenants_requests_in_flight_are_bounded_in_bytes_and_given_back() -> N
         "fails": (500, None, False),
         "held": (200, None, False),
     }
+
+
+def test_a_body_that_arrives_too_slowly_gets_408_and_its_bytes_back() -> None:
+    """A client that sends part of a body and stalls is answered 408 ``body_timeout`` after
+    ``body_timeout`` seconds, before the app sees anything, and its bytes are given back."""
+    reached: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(True)
+
+    middleware = GuardMiddleware(
+        app,
+        lambda: REGISTRY,
+        max_body_bytes=64,
+        max_json_depth=4,
+        tenant_inflight_bytes=1 << 20,
+        body_timeout=0.2,
+    )
+    messages = [{"type": "http.request", "body": b'{"a": ', "more_body": True}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # the rest never comes
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/privatize", "headers": [AUTH]}
+    started = time.monotonic()
+    asyncio.run(middleware(scope, receive, send))
+    assert 0.15 < time.monotonic() - started < 5
+    assert sent[0]["status"] == 408
+    assert json.loads(sent[1]["body"])["error"]["code"] == "body_timeout"
+    assert reached == []
+    assert middleware.bodies._inflight == {}
