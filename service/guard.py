@@ -37,6 +37,8 @@ from service.scheduling import TenantChecks, TenantLoad, TurnRefusedError, in_tu
 from service.settings import REQUEST_OVERHEAD_BYTES
 from service.tenants import TenantRegistry
 
+Refusal = tuple[Code, str, tuple[tuple[bytes, bytes], ...]]
+"""An error answer to send: its code, message and extra headers."""
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -257,7 +259,7 @@ class GuardMiddleware:
         counted = [0]  # bytes counted against the tenant for this request, given back at the end
         try:
             if not self._count(tenant.id, counted, self._declared(scope.get("headers", []))):
-                await self._busy(tenant.id, send)
+                await send_error(send, *self._busy(tenant.id))
                 return
             body = await self._received_in_time(tenant.id, receive, send, counted)
             if body is None:
@@ -301,31 +303,38 @@ class GuardMiddleware:
         counted[0] += more
         return True
 
-    async def _busy(self, tenant: str, send: Send) -> None:
+    def _busy(self, tenant: str) -> Refusal:
+        """The 429 for a tenant past its bytes in flight (counted as every tenant_busy)."""
         metric("busy").labels(tenant).inc()
         busy = (
             f"this tenant's requests in flight would pass {self.bodies.limit} bytes; "
             "retry after one ends"
         )
-        await send_error(send, Code.TENANT_BUSY, busy, ((b"retry-after", b"1"),))
+        return Code.TENANT_BUSY, busy, ((b"retry-after", b"1"),)
 
     async def _received_in_time(
         self, tenant: str, receive: Receive, send: Send, counted: list[int]
     ) -> bytes | None:
-        """:meth:`_received` within ``body_timeout`` (else 408, and None)."""
+        """:meth:`_received` within ``body_timeout`` (else 408, closing the connection);
+        None when the request was answered or is gone. Only the reading is timed, never the
+        sending of a refusal."""
         try:
             async with asyncio.timeout(self.body_timeout):
-                return await self._received(tenant, receive, send, counted)
+                received = await self._received(tenant, receive, counted)
         except TimeoutError:
             late = f"the request body did not arrive within {self.body_timeout:g} s"
-            await send_error(send, Code.BODY_TIMEOUT, late)
+            await send_error(send, Code.BODY_TIMEOUT, late, ((b"connection", b"close"),))
             return None
+        if isinstance(received, tuple):
+            await send_error(send, *received)
+            return None
+        return received
 
     async def _received(
-        self, tenant: str, receive: Receive, send: Send, counted: list[int]
-    ) -> bytes | None:
+        self, tenant: str, receive: Receive, counted: list[int]
+    ) -> bytes | Refusal | None:
         """The whole body, its bytes beyond what was counted (the Content-Length) counted as
-        they arrive; None when the request was answered (413, 429) or is gone."""
+        they arrive; a refusal (413, 429) to send, or None when the client is gone."""
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -336,11 +345,9 @@ class GuardMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                await send_error(send, Code.BODY_TOO_LARGE, self._too_large())
-                return None
+                return Code.BODY_TOO_LARGE, self._too_large(), ()
             if not self._count(tenant, counted, size):
-                await self._busy(tenant, send)
-                return None
+                return self._busy(tenant)
             chunks.append(chunk)
             more = bool(message.get("more_body", False))
         return b"".join(chunks)

@@ -182,6 +182,11 @@ class ServiceSettings(BaseSettings):
                 "(2 x SENTDP_WORKER_MAX_LATENCY_MS + 30 s), or a running request's key "
                 "could be taken over"
             )
+        if self.body_timeout_s >= self.worker_max_latency_ms / 1000 * 2 + 30:
+            raise ValueError(
+                "SENTDP_BODY_TIMEOUT_S must stay below the gateway's request timeout "
+                "(2 x SENTDP_WORKER_MAX_LATENCY_MS + 30 s), or a slow body gets BentoML's 504"
+            )
         if self.worker_start_timeout_ms >= self.worker_max_latency_ms * 2:
             raise ValueError(
                 "SENTDP_WORKER_START_TIMEOUT_MS must stay below the worker's timeout "

@@ -416,6 +416,39 @@ def test_a_body_that_arrives_too_slowly_gets_408_and_its_bytes_back() -> None:
     asyncio.run(middleware(scope, receive, send))
     assert 0.15 < time.monotonic() - started < 5
     assert sent[0]["status"] == 408
+    assert (b"connection", b"close") in sent[0]["headers"]  # the rest of the body is not read
     assert json.loads(sent[1]["body"])["error"]["code"] == "body_timeout"
     assert reached == []
+    assert middleware.bodies._inflight == {}
+
+
+def test_a_refusal_sent_slowly_is_not_cut_short_by_the_body_timeout() -> None:
+    """Only reading the body is timed: a 413 whose sending outlasts ``body_timeout`` (a
+    client that does not read) goes out whole, never followed by a second response."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("the app must not be reached")
+
+    middleware = GuardMiddleware(
+        app,
+        lambda: REGISTRY,
+        max_body_bytes=64,
+        max_json_depth=4,
+        tenant_inflight_bytes=1 << 20,
+        body_timeout=0.1,
+    )
+    messages = [{"type": "http.request", "body": b" " * 65, "more_body": True}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        await asyncio.sleep(0.15)  # a full socket buffer
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/privatize", "headers": [AUTH]}
+    asyncio.run(middleware(scope, receive, send))
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 413
     assert middleware.bodies._inflight == {}

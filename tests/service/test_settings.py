@@ -48,3 +48,14 @@ def test_a_tenants_bytes_in_flight_default_to_eight_bodies_and_admit_the_largest
         ServiceSettings()
     monkeypatch.setenv("SENTDP_TENANT_INFLIGHT_BYTES", str(64 * 1024 * 1024 + 16384))
     assert ServiceSettings().inflight_bytes() == 64 * 1024 * 1024 + 16384
+
+
+def test_the_body_timeout_stays_below_the_gateways_request_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SENTDP_WORKER_MAX_LATENCY_MS", raising=False)
+    monkeypatch.setenv("SENTDP_BODY_TIMEOUT_S", "149.9")  # 2 x 60 s + 30 s is BentoML's
+    assert ServiceSettings().body_timeout_s == 149.9
+    monkeypatch.setenv("SENTDP_BODY_TIMEOUT_S", "150")
+    with pytest.raises(ValueError, match="SENTDP_BODY_TIMEOUT_S must stay below"):
+        ServiceSettings()
