@@ -23,6 +23,17 @@ REGISTRY = TenantRegistry(
 )
 
 
+def guarded(app: Any, registry: TenantRegistry = REGISTRY, **options: Any) -> GuardMiddleware:
+    """The middleware in front of ``app`` with the tests' limits (64-byte bodies, depth 4,
+    1 MiB per tenant), any of them replaced by ``options``."""
+    limits: dict[str, Any] = {
+        "max_body_bytes": 64,
+        "max_json_depth": 4,
+        "tenant_inflight_bytes": 1 << 20,
+    }
+    return GuardMiddleware(app, lambda: registry, **(limits | options))
+
+
 @pytest.mark.parametrize(
     ("body", "limit", "deeper"),
     [
@@ -107,14 +118,7 @@ def call(
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    guard = GuardMiddleware(
-        app,
-        lambda: REGISTRY,
-        max_body_bytes=64,
-        max_json_depth=4,
-        tenant_inflight_bytes=1 << 20,
-        metrics_token=metrics_token,
-    )
+    guard = guarded(app, metrics_token=metrics_token)
     scope = {"type": "http", "path": path, "headers": headers}
     asyncio.run(guard(scope, receive, send))
     status = sent[0]["status"]
@@ -270,13 +274,7 @@ def test_a_tenants_requests_in_flight_are_bounded_in_bytes_and_given_back() -> N
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    middleware = GuardMiddleware(
-        app,
-        lambda: TWO_TENANTS,
-        max_body_bytes=64,
-        max_json_depth=4,
-        tenant_inflight_bytes=2 * overhead + 100,
-    )
+    middleware = guarded(app, TWO_TENANTS, tenant_inflight_bytes=2 * overhead + 100)
 
     async def call(
         name: str,
@@ -360,9 +358,7 @@ def test_a_tenants_requests_in_flight_are_bounded_in_bytes_and_given_back() -> N
     assert asyncio.run(scenario()) == {}
 
     def limited(limit: int) -> GuardMiddleware:
-        return GuardMiddleware(
-            app, lambda: REGISTRY, max_body_bytes=64, max_json_depth=4, tenant_inflight_bytes=limit
-        )
+        return guarded(app, tenant_inflight_bytes=limit)
 
     assert limited(64 + overhead).bodies.limit == 64 + overhead
     with pytest.raises(ValueError, match="must admit the largest body"):
@@ -391,14 +387,7 @@ def test_a_body_that_arrives_too_slowly_gets_408_and_its_bytes_back() -> None:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         reached.append(True)
 
-    middleware = GuardMiddleware(
-        app,
-        lambda: REGISTRY,
-        max_body_bytes=64,
-        max_json_depth=4,
-        tenant_inflight_bytes=1 << 20,
-        body_timeout=0.2,
-    )
+    middleware = guarded(app, body_timeout=0.2)
     messages = [{"type": "http.request", "body": b'{"a": ', "more_body": True}]
     sent: list[dict[str, Any]] = []
 
@@ -429,14 +418,7 @@ def test_a_refusal_sent_slowly_is_not_cut_short_by_the_body_timeout() -> None:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError("the app must not be reached")
 
-    middleware = GuardMiddleware(
-        app,
-        lambda: REGISTRY,
-        max_body_bytes=64,
-        max_json_depth=4,
-        tenant_inflight_bytes=1 << 20,
-        body_timeout=0.1,
-    )
+    middleware = guarded(app, body_timeout=0.1)
     messages = [{"type": "http.request", "body": b" " * 65, "more_body": True}]
     sent: list[dict[str, Any]] = []
 
