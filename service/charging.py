@@ -643,15 +643,10 @@ class Charging:
                 request.request_id,
             )
 
-        def failed(settled: Future[None]) -> None:
-            if settled.exception() is not None:
-                logger.error(
-                    "refunding a cancelled request's reservation failed (request %s)",
-                    request.request_id,
-                    exc_info=settled.exception(),
-                )
-
-        self._ledger_calls.submit(request.tenant.id, refund).add_done_callback(failed)
+        refunding = self._ledger_calls.submit(request.tenant.id, refund)
+        refunding.add_done_callback(
+            lambda f: self._ended_unawaited("refund", request, f, abandoned=None)
+        )
 
     async def read(
         self, tenant: str, function: Callable[..., Any], *args: Any, ledger: bool = False

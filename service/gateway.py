@@ -79,7 +79,7 @@ READY_CACHE_SECONDS = 1.0
     name="sentdp",
     workers=BOOT.gateway_workers or default_gateway_workers(),
     logging=ACCESS_LOG,
-    traffic={"timeout": BOOT.worker_max_latency_ms / 1000 * 2 + 30},
+    traffic={"timeout": BOOT.gateway_timeout_s()},
     # BentoML's own probe of the worker can hold /readyz until the request timeout (150 s)
     # while the worker starts; __is_ready__ probes it with a deadline instead.
     runner_probe={"enabled": False},

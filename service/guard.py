@@ -352,9 +352,7 @@ class GuardMiddleware:
             more = bool(message.get("more_body", False))
         return b"".join(chunks)
 
-    async def _depth_refusal(
-        self, tenant: str, body: bytes
-    ) -> tuple[Code, str, tuple[tuple[bytes, bytes], ...]] | None:
+    async def _depth_refusal(self, tenant: str, body: bytes) -> Refusal | None:
         """Why to refuse a body for its JSON depth (or the tenant's bodies waiting), if at all."""
         deeper = await self.scans.exceeds(tenant, body, self.max_json_depth)
         if deeper is None:  # as every tenant_busy: counted, and Retry-After

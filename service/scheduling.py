@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import itertools
 import threading
 import time
@@ -270,10 +271,7 @@ class _KeyedExecutor(Executor):
         self._key = key
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        call = (lambda: fn(*args, **kwargs)) if kwargs else None
-        if call is not None:
-            return self._fair.submit(self._key, call)
-        return self._fair.submit(self._key, fn, *args)
+        return self._fair.submit(self._key, functools.partial(fn, **kwargs), *args)
 
 
 class TenantLoad:

@@ -152,6 +152,11 @@ class ServiceSettings(BaseSettings):
             return self.encode_batch_size
         return 32
 
+    def gateway_timeout_s(self) -> float:
+        """BentoML's request timeout of the gateway: twice the worker's latency goal, plus
+        30 s for the ledger and the hop."""
+        return self.worker_max_latency_ms / 1000 * 2 + 30
+
     def inflight_bytes(self) -> int:
         """``tenant_inflight_bytes``, or its default: 8 requests of the largest size."""
         if self.tenant_inflight_bytes is not None:
@@ -176,13 +181,13 @@ class ServiceSettings(BaseSettings):
                 "SENTDP_TENANT_INFLIGHT_BYTES must be at least SENTDP_MAX_BODY_BYTES + 16384, "
                 "or the largest body could never be admitted"
             )
-        if self.idempotency_pending_seconds <= self.worker_max_latency_ms / 1000 * 2 + 30:
+        if self.idempotency_pending_seconds <= self.gateway_timeout_s():
             raise ValueError(
                 "SENTDP_IDEMPOTENCY_PENDING_SECONDS must exceed the gateway's timeout "
                 "(2 x SENTDP_WORKER_MAX_LATENCY_MS + 30 s), or a running request's key "
                 "could be taken over"
             )
-        if self.body_timeout_s >= self.worker_max_latency_ms / 1000 * 2 + 30:
+        if self.body_timeout_s >= self.gateway_timeout_s():
             raise ValueError(
                 "SENTDP_BODY_TIMEOUT_S must stay below the gateway's request timeout "
                 "(2 x SENTDP_WORKER_MAX_LATENCY_MS + 30 s), or a slow body gets BentoML's 504"

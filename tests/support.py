@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -311,3 +311,11 @@ class Concurrency:
         finally:
             with self.lock:
                 self.running[key] -= 1
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll until ``condition`` holds (ordering by state, not by sleeps a loaded CI can overrun)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.001)

@@ -84,9 +84,9 @@ class SqliteLedger(SqlLedger):
     ):
         super().__init__(pending_timeout)
         self.queue_writers = queue_writers and sys.platform != "win32"
-        self._warned_writers_file = False
         """Writers wait their turn on ``<ledger>.writers`` (False: only SQLite's busy
         handler; the reference of ``loadtests/sqlite_writers.py``)."""
+        self._warned_writers_file = False
         if sqlite3.sqlite_version_info < MIN_SQLITE:
             raise RuntimeError(
                 f"SQLite {sqlite3.sqlite_version} is too old for the ledger (need 3.35+)"
@@ -185,10 +185,11 @@ class SqliteLedger(SqlLedger):
                     error.strerror,
                 )
             return None
-        with contextlib.suppress(OSError):  # as root (sentdp-admin): leave it to the owner
-            ledger = self.path.stat()
-            if os.geteuid() == 0 and os.fstat(lock).st_uid != ledger.st_uid:
-                os.fchown(lock, ledger.st_uid, ledger.st_gid)
+        if os.geteuid() == 0:  # as root (sentdp-admin): leave it to the ledger's owner
+            with contextlib.suppress(OSError):
+                ledger = self.path.stat()
+                if os.fstat(lock).st_uid != ledger.st_uid:
+                    os.fchown(lock, ledger.st_uid, ledger.st_gid)
         return lock
 
     @contextmanager

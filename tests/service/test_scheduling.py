@@ -10,15 +10,7 @@ from concurrent.futures import Future
 import pytest
 
 from service.scheduling import ComputeThread, FairExecutor, FairGate, TenantLoad, Turn
-from tests.support import Concurrency
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll until ``condition`` holds (ordering by state, not by sleeps a loaded CI can overrun)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.001)
+from tests.support import Concurrency, wait_for
 
 
 def test_a_flooding_key_does_not_starve_another() -> None:

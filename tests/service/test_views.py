@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from service.lookup import Lookups
 from service.tenants import TenantRegistry, TenantsFile, hash_key
 from service.views import budget_view, exhausted_error, label_of
 from tests.service.fakes import LABELS, tiny_bundle
+from tests.support import wait_for
 
 BUNDLE = tiny_bundle()
 
@@ -186,12 +186,8 @@ def test_a_lookup_never_waits_for_another_versions_load(
     try:
         for thread in loading:
             thread.start()
-        while not loads:
-            threading.Event().wait(0.01)
-        deadline = time.monotonic() + 5
-        while len(asked) < 2:  # both v2 callers are past the store, one loading, one waiting
-            assert time.monotonic() < deadline, "timed out waiting"
-            threading.Event().wait(0.01)
+        wait_for(lambda: bool(loads))
+        wait_for(lambda: len(asked) == 2)  # both v2 callers past the store: one loads, one waits
         assert len(loads) == 1
         served.start()
         served.join(5)
