@@ -88,16 +88,19 @@ def raw_encoder_rates(
     settings = load_settings()  # the worker under test reads the same ones
     cuda = device.startswith("cuda")
     rates = {}
-    modes = [("buckets", False, True), ("fixed batches", True, True)]
+    modes = [("buckets", False, True, True), ("fixed batches", True, True, True)]
     if cuda and backend == "torch":  # the serving mode's graphs against eager passes
-        modes.append(("fixed batches, eager", True, False))
-    for mode, fixed, graphs in modes:
+        modes.append(("fixed batches, graphs waited for one by one", True, True, False))
+        modes.append(("fixed batches, eager", True, False, True))
+    for mode, fixed, graphs, overlap in modes:
         rows = settings.fixed_batch_rows(device) if fixed else settings.encoder_rows(device)
         if fixed and cuda:
             use_deterministic_kernels()
         encoder = open_encoder(
             model_dir, backend, device, rows, fixed, threads=THREADS, cuda_graphs=graphs
         )
+        if not overlap:
+            encoder.overlap_passes = False  # type: ignore[union-attr]
         encoder.warm_up()
         encoder.encode(sentences[:256])  # warm up
         rates[f"sentdp {backend} encoder, {mode}"] = _rate(
@@ -256,11 +259,12 @@ def serve(
     device: str = "cpu",
     gateways: int | None = None,
     workers: int = 1,
+    extra: dict[str, str] | None = None,
 ) -> Server:
     """The service on ``model``; ``workers`` worker processes share the THREADS encoder
-    threads (at least one each)."""
+    threads (at least one each); ``extra`` variables are set for the server alone."""
     tenants = write_tenants(folder / "tenants.json")
-    name = f"{model.replace(':', '-')}-{batching}-{gateways}-{workers}"
+    name = f"{model.replace(':', '-')}-{batching}-{gateways}-{workers}-{len(extra or {})}"
     env = {
         "SENTDP_MODEL": model,
         "SENTDP_TENANTS_FILE": str(tenants),
@@ -272,6 +276,7 @@ def serve(
     }
     if gateways is not None:
         env["SENTDP_GATEWAY_WORKERS"] = str(gateways)
+    env |= extra or {}
     return Server(env, log=folder / f"server-{name}.log").start()
 
 
@@ -303,7 +308,18 @@ def main() -> None:
         default=[1],
         help="worker processes, one server each, sharing the encoder threads",
     )
+    parser.add_argument(
+        "--server-env",
+        nargs="+",
+        default=[""],
+        metavar="VAR=VALUE,...",
+        help="variables for the servers alone, one server per set (e.g. '' "
+        "TOKENIZERS_PARALLELISM=false): compares settings in one run",
+    )
     args = parser.parse_args()
+    variants = [
+        dict(pair.split("=", 1) for pair in spec.split(",") if pair) for spec in args.server_env
+    ]
 
     from training.store import load_from_store
 
@@ -329,18 +345,26 @@ def main() -> None:
         for model, bundle in bundles.items():
             backend = bundle.encoder_backend
             servers = [
-                (batching, gateways, workers)
+                (batching, gateways, workers, extra)
                 for batching in ((True, False) if args.batching_off else (True,))
                 for gateways in args.gateway_workers
                 for workers in args.worker_processes
+                for extra in variants
             ]
-            for batching, gateways, workers in servers:
+            for batching, gateways, workers, extra in servers:
                 label = f"{backend}, batching {'on' if batching else 'off'}"
                 if gateways is not None:
                     label += f", {gateways} gateways"
                 if workers != 1:
                     label += f", {workers} workers"
-                server = serve(model, Path(scratch), batching, args.device, gateways, workers)
+                label += "".join(f", {var}={value}" for var, value in extra.items())
+                try:
+                    server = serve(
+                        model, Path(scratch), batching, args.device, gateways, workers, extra
+                    )
+                except RuntimeError as error:  # the other servers' rows still count
+                    print(f"{label}: the server did not start: {error}")
+                    continue
                 sampler = RssSampler(server)
                 sampler.start()
                 try:

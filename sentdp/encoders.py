@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,18 +64,16 @@ def bucket_of(tokens: int, buckets: Sequence[int]) -> int:
     return next(b for b in buckets if b >= tokens)
 
 
-def encode_in_buckets(
+def bucket_passes(
     ids: Sequence[list[int]],
     buckets: Sequence[int],
     batch_size: int,
     filler: list[int] | None,
-    run: Any,
-    out: npt.NDArray[np.float32],
-) -> npt.NDArray[np.float32]:
-    """Fill ``out`` with the embeddings of tokenized sentences, each padded to its own length
-    bucket and encoded with sentences of that bucket only, ``batch_size`` rows per pass;
-    ``run(rows, length)`` is one pass. With a ``filler`` (a public sentence's ids), every pass
-    is padded with it to exactly ``batch_size`` rows: one kernel shape per bucket."""
+) -> Iterator[tuple[list[int], list[list[int]], int]]:
+    """The passes that encode tokenized sentences, as (indices, rows, length): each sentence
+    padded to its own length bucket and encoded with sentences of that bucket only,
+    ``batch_size`` rows per pass. With a ``filler`` (a public sentence's ids), every pass is
+    padded with it to exactly ``batch_size`` rows: one kernel shape per bucket."""
     groups: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
     for index, row in enumerate(ids):
         groups[bucket_of(len(row), buckets)].append((index, row))
@@ -85,7 +83,21 @@ def encode_in_buckets(
             rows = [row for _, row in chunk]
             if filler is not None:
                 rows += [filler] * (batch_size - len(rows))
-            out[[index for index, _ in chunk]] = run(rows, bucket)[: len(chunk)]
+            yield [index for index, _ in chunk], rows, bucket
+
+
+def encode_in_buckets(
+    ids: Sequence[list[int]],
+    buckets: Sequence[int],
+    batch_size: int,
+    filler: list[int] | None,
+    run: Any,
+    out: npt.NDArray[np.float32],
+) -> npt.NDArray[np.float32]:
+    """Fill ``out`` with the embeddings of tokenized sentences, pass by pass
+    (:func:`bucket_passes`); ``run(rows, length)`` is one pass."""
+    for indices, rows, length in bucket_passes(ids, buckets, batch_size, filler):
+        out[indices] = run(rows, length)[: len(indices)]
     return out
 
 
@@ -133,6 +145,9 @@ class SentenceEncoder:
         self.device = pick_device(device)
         self.batch_size = batch_size
         self.fixed_batch = fixed_batch
+        self.overlap_passes = True
+        """Graphed passes are queued without waiting for each (False: each pass waits for its
+        result before the next is launched, as before; benchmarks compare the two)."""
         if plain_torch is None:
             plain_torch = torch_bert.refusal(self.path) is None
         self._stack: Any = None
@@ -207,9 +222,14 @@ class SentenceEncoder:
         if self._bert is None:
             return self._encode_in_stack(sentences, out)
         filler = self._tokenizer.filler if self.fixed_batch else None
-        return encode_in_buckets(
-            self._ids(sentences), self._buckets, self.batch_size, filler, self.run_padded, out
-        )
+        ids = self._ids(sentences)
+        if self._bert.cuda_graphs and self.overlap_passes:
+            passes = list(bucket_passes(ids, self._buckets, self.batch_size, filler))
+            pending = [self._bert.launch(*self._tokenizer.pad(rows, n)) for _, rows, n in passes]
+            for (indices, _, _), pooled in zip(passes, self._bert.collect(pending), strict=True):
+                out[indices] = pooled[: len(indices)]
+            return out
+        return encode_in_buckets(ids, self._buckets, self.batch_size, filler, self.run_padded, out)
 
     def warm_up(self) -> None:
         """One pass of every bucket, so that graphed CUDA passes are captured before the

@@ -183,24 +183,42 @@ class TorchBert:
         The replay launches the kernels the capture recorded, those an eager pass of that
         shape runs (measured bit-identical to eager passes on an H100; the worker's start-up
         check verifies whichever mode serves); it saves the CPU the ~100 launches of each
-        pass. Only fixed-shape passes use it (a handful of shapes, one per bucket). The
-        graph's input and output tensors are shared by every call of that shape, so calls hold
-        a lock from filling the inputs to reading the output: rows of two callers never mix.
-        """
+        pass. Only fixed-shape passes use it (a handful of shapes, one per bucket)."""
+        pooled: npt.NDArray[np.float32] = self.collect([self.launch(ids, mask)])[0]
+        return pooled
+
+    def launch(self, ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]) -> Any:
+        """Queue one graphed pass on the device's stream and return its output tensor without
+        waiting for it (:meth:`collect` waits), so that the host pads the next pass while
+        this one runs. The graph's input and output tensors are shared by every pass of that
+        shape: filling the inputs, replaying and copying the output out are queued under a
+        lock, in stream order, so rows of two passes or two callers never mix. The inputs
+        come from pinned memory, whose blocks torch keeps until their copy has run."""
         import torch
 
-        key = ids.shape
         with self._graph_lock, torch.no_grad():
-            entry = self._graphs.get(key)
+            entry = self._graphs.get(ids.shape)
             if entry is None:
                 entry = self._capture(ids, mask)
-                self._graphs[key] = entry
+                self._graphs[ids.shape] = entry
             graph, static_ids, static_mask, static_out = entry
-            static_ids.copy_(torch.from_numpy(ids))
-            static_mask.copy_(torch.from_numpy(mask))
+            static_ids.copy_(torch.from_numpy(ids).pin_memory(), non_blocking=True)
+            static_mask.copy_(torch.from_numpy(mask).pin_memory(), non_blocking=True)
             graph.replay()
-            pooled: npt.NDArray[np.float32] = static_out.cpu().numpy()
-        return pooled
+            return static_out.clone()
+
+    @staticmethod
+    def collect(pending: list[Any]) -> list[npt.NDArray[np.float32]]:
+        """The outputs of queued passes (:meth:`launch`), in order, once they have run: one
+        copy to the host for all of them."""
+        import torch
+
+        if not pending:
+            return []
+        with torch.no_grad():
+            rows = np.cumsum([len(p) for p in pending])[:-1]
+            together = torch.cat(pending).cpu().numpy()
+        return list(np.split(together, rows))
 
     def _capture(self, ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]) -> tuple[Any, ...]:
         """A CUDA graph of one pass over inputs of ``ids``' shape, with its static tensors

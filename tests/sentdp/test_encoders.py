@@ -224,3 +224,22 @@ def test_cuda_graph_replays_equal_eager_passes_bit_for_bit(encoder) -> None:
     assert len(graphed._bert._graphs) == len(graphed._buckets)  # replays, not eager passes
     np.testing.assert_array_equal(graphed.encode(sentences), eager.encode(sentences))
     assert batch_invariance_violations(graphed, INVARIANCE_PROBES[:4], batch_sizes=(3, 8)) == []
+
+
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs a CUDA device")
+def test_queued_graph_passes_equal_passes_waited_for_one_by_one(encoder) -> None:
+    """Graphed passes queued without waiting (several of one shape share the graph's input
+    and output tensors) give the bits of passes that each wait, also from two threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sentences = [TARGET, *SHORTER, *LONGER] * 7  # several passes of each bucket's shape
+    queued = SentenceEncoder(encoder.path, "cuda", batch_size=4, fixed_batch=True)
+    waited = SentenceEncoder(encoder.path, "cuda", batch_size=4, fixed_batch=True)
+    waited.overlap_passes = False
+    expected = waited.encode(sentences)
+    np.testing.assert_array_equal(queued.encode(sentences), expected)
+    with ThreadPoolExecutor(2) as pool:
+        forward, backward = pool.map(queued.encode, [sentences, sentences[::-1]])
+    np.testing.assert_array_equal(forward, expected)
+    np.testing.assert_array_equal(backward, expected[::-1])
+    assert batch_invariance_violations(queued, INVARIANCE_PROBES[:4], batch_sizes=(3, 8)) == []
