@@ -176,8 +176,10 @@ def cpu_seconds(server: Server) -> dict[str, float]:
             times = process.cpu_times()
         except psutil.Error:
             continue
+        seconds = times.user + times.system
         if process.pid == os.getpid():
-            kind = "client"
+            kind = "client"  # with the client processes it has reaped
+            seconds += times.children_user + times.children_system
         elif process.pid == arbiter:
             kind = "arbiter"
         elif "sentdp-worker" in command:
@@ -186,7 +188,7 @@ def cpu_seconds(server: Server) -> dict[str, float]:
             kind = "gateway"
         else:
             kind = "other"
-        used[kind] += times.user + times.system
+        used[kind] += seconds
     return dict(used)
 
 
@@ -214,7 +216,12 @@ class RssSampler(threading.Thread):
             time.sleep(self.interval)
 
 
-async def load(server: Server, documents: list[list[str]], concurrency: int) -> dict[str, Any]:
+async def drive(
+    url: str, documents: list[list[str]], concurrency: int
+) -> tuple[float, float, list[float], Counter[int]]:
+    """``concurrency`` users posting ``documents`` one per request until none is left: the
+    start and end (``time.monotonic``, one clock for every process of the machine), each
+    request's latency and the failures by status."""
     headers = {"Authorization": f"Bearer {TENANTS[0].key}"}
     queue: asyncio.Queue[tuple[int, list[str]]] = asyncio.Queue()
     for n, doc in enumerate(documents):
@@ -233,12 +240,49 @@ async def load(server: Server, documents: list[list[str]], concurrency: int) -> 
                 failures[response.status_code] += 1
 
     limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(
-        base_url=server.url, headers=headers, timeout=600, limits=limits
-    ) as http:
-        start = time.perf_counter()
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600, limits=limits) as http:
+        start = time.monotonic()
         await asyncio.gather(*(user(http) for _ in range(concurrency)))
-        wall = time.perf_counter() - start
+        end = time.monotonic()
+    return start, end, latencies, failures
+
+
+def _drive_in_process(
+    url: str, documents: list[list[str]], concurrency: int, ready: Any
+) -> tuple[float, float, list[float], Counter[int]]:
+    """:func:`drive` in a client process of its own, starting with the others."""
+    ready.wait()
+    return asyncio.run(drive(url, documents, concurrency))
+
+
+def load(
+    server: Server, documents: list[list[str]], concurrency: int, processes: int = 1
+) -> dict[str, Any]:
+    """Throughput and latency of ``concurrency`` users sending ``documents``, from this
+    process or split over ``processes`` client processes (one Python process drives about
+    one core of HTTP: on a machine with cores to spare it can be the bottleneck)."""
+    processes = max(1, min(processes, concurrency, len(documents)))
+    if processes == 1:
+        runs = [asyncio.run(drive(server.url, documents, concurrency))]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        context = multiprocessing.get_context("spawn")
+        with context.Manager() as manager, ProcessPoolExecutor(processes, context) as pool:
+            ready = manager.Barrier(processes)
+            shares = [
+                (documents[k::processes], concurrency // processes + (k < concurrency % processes))
+                for k in range(processes)
+            ]
+            futures = [
+                pool.submit(_drive_in_process, server.url, docs, users, ready)
+                for docs, users in shares
+            ]
+            runs = [future.result() for future in futures]
+    wall = max(end for _, end, _, _ in runs) - min(start for start, _, _, _ in runs)
+    latencies = [latency for _, _, run, _ in runs for latency in run]
+    failures = sum((failed for *_, failed in runs), Counter[int]())
     quantiles = np.quantile(latencies, [0.5, 0.95, 0.99])
     return {
         "documents_per_s": len(documents) / wall,
@@ -309,6 +353,13 @@ def main() -> None:
         help="worker processes, one server each, sharing the encoder threads",
     )
     parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="processes that send the load (default 1: on 2 cores more would take the "
+        "server's; on a GPU machine one process's HTTP client is the limit above ~32 users)",
+    )
+    parser.add_argument(
         "--server-env",
         nargs="+",
         default=[""],
@@ -370,11 +421,11 @@ def main() -> None:
                 try:
                     starts[label] = server.cold_start_seconds
                     modes[label] = encoder_mode(server)
-                    asyncio.run(load(server, warmup, 4))
+                    load(server, warmup, 4)
                     for concurrency in args.concurrency:
                         before = histogram_totals(server)
                         cpu_before = cpu_seconds(server)
-                        result = asyncio.run(load(server, measured, concurrency))
+                        result = load(server, measured, concurrency, args.client_processes)
                         cpu_after = cpu_seconds(server)
                         after = histogram_totals(server)
                         result["cpu"] = {

@@ -10,4 +10,5 @@ MODEL=${SENTDP_MODEL:-sentdp-bbc-news:latest}
 SENTDP_TEST_DEVICE=cuda "$PY" -m pytest -q tests/sentdp/test_encoders.py tests/sentdp/test_depth.py
 "$PY" loadtests/bench_mechanism.py --device cuda
 SENTDP_TENANT_INFLIGHT_TOKENS=1000000 SENTDP_TENANT_INFLIGHT_REQUESTS=1000 "$PY" loadtests/bench_service.py --models "$MODEL" \
-  --device cuda --documents 320 --concurrency 1 32 128 --gateway-workers 4 8
+  --device cuda --documents 320 --concurrency 1 32 128 --gateway-workers 8 --worker-processes 1 2 \
+  --client-processes 4

@@ -103,6 +103,7 @@ class Worker:
 
     def __init__(self) -> None:
         logs.configure()
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts
         from sentdp.bundle import Bundle
 
@@ -131,10 +132,6 @@ class Worker:
 
             torch.set_num_threads(settings.worker_threads)
             device = pick_device(settings.device)
-        # A batch is tokenized before its passes run. On CUDA the host's cores are otherwise
-        # idle then, and one core's tokenizing was a fifth of a batch's encoding time on an
-        # H100; on the CPU the encoder's own threads use the cores. Tokens never depend on it.
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", str(device.startswith("cuda")).lower())
         self.encoder = open_encoder(
             self.bundle.encoder_dir,
             self.bundle.encoder_backend,
