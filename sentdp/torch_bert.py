@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sentdp.encoder_layout import Pooling, module_stack, pooling_of
-from sentdp.errors import InputError
+from sentdp.errors import InputError, InternalError
 
 WEIGHTS_FILE = "model.safetensors"
 SUPPORTED_CONFIG = {
@@ -188,15 +188,20 @@ class TorchBert:
         return pooled
 
     def launch(self, ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]) -> Any:
-        """Queue one graphed pass on the device's stream and return its output tensor without
-        waiting for it (:meth:`collect` waits), so that the host pads the next pass while
-        this one runs. The graph's input and output tensors are shared by every pass of that
-        shape: filling the inputs, replaying and copying the output out are queued under a
-        lock, in stream order, so rows of two passes or two callers never mix. The inputs
-        come from pinned memory, whose blocks torch keeps until their copy has run."""
+        """Queue one graphed pass and return its output tensor without waiting for it
+        (:meth:`collect` waits), so that the host pads the next pass while this one runs.
+
+        The graph's input and output tensors are shared by every pass of that shape. Filling
+        the inputs, replaying and copying the output out are queued under a lock on the
+        device's default stream, so they run in the order they were queued and rows of two
+        passes or two callers never mix; a caller on another stream is refused, since work
+        on two streams has no order. The inputs come from pinned memory, whose blocks torch
+        keeps until their copy has run."""
         import torch
 
         with self._graph_lock, torch.no_grad():
+            if torch.cuda.current_stream(self.device) != torch.cuda.default_stream(self.device):
+                raise InternalError("graphed passes are queued on the default stream only")
             entry = self._graphs.get(ids.shape)
             if entry is None:
                 entry = self._capture(ids, mask)
@@ -207,15 +212,15 @@ class TorchBert:
             graph.replay()
             return static_out.clone()
 
-    @staticmethod
-    def collect(pending: list[Any]) -> list[npt.NDArray[np.float32]]:
+    def collect(self, pending: list[Any]) -> list[npt.NDArray[np.float32]]:
         """The outputs of queued passes (:meth:`launch`), in order, once they have run: one
-        copy to the host for all of them."""
+        copy to the host for all of them. Under the lock, so that no thread allocates on the
+        device while another captures a graph."""
         import torch
 
         if not pending:
             return []
-        with torch.no_grad():
+        with self._graph_lock, torch.no_grad():
             rows = np.cumsum([len(p) for p in pending])[:-1]
             together = torch.cat(pending).cpu().numpy()
         return list(np.split(together, rows))

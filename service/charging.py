@@ -306,21 +306,59 @@ class Charging:
             raise tenant_busy(tenant, busy()) from None
 
     async def _admitted(self, request: ChargedRequest, admission: Admission) -> Reply:
-        """Reserve, run and settle while the request counts against its tenant's load."""
+        """Reserve, run and settle while the request counts against its tenant's load.
+
+        Once reserved, the work runs to its settlement even if the request is cancelled (a
+        client gone, a gateway timeout): what was sampled is charged and its reply stored
+        under the key, what was not is refunded, and the tenant's load is given back only
+        when the work has ended, so leaving early never lets a tenant exceed it."""
         tenant = request.tenant.id
         if not self.load.try_acquire(tenant, admission.cost):
             raise tenant_busy(
                 tenant, f"this tenant may have {self.load.limit} padded tokens of work in flight"
             )
+        running: asyncio.Future[Reply] | None = None
         try:
             reserved = await self.reserve(request, admission)
             if isinstance(reserved, Replay):
                 metric("replays").labels(tenant).inc()
                 code = error_code(reserved.response) if reserved.status >= 400 else None
                 return Reply(reserved.status, reserved.response, replayed=True, code=code)
-            return await self.run_and_settle(request, admission, reserved)
+            running = asyncio.ensure_future(self.run_and_settle(request, admission, reserved))
+            running.add_done_callback(lambda _: self.load.release(tenant, admission.cost))
+            try:
+                return await asyncio.shield(running)
+            except asyncio.CancelledError:
+                running.add_done_callback(lambda ran: self._ended_after_cancel(request, ran))
+                raise
         finally:
-            self.load.release(tenant, admission.cost)
+            if running is None:
+                self.load.release(tenant, admission.cost)
+
+    @staticmethod
+    def _ended_after_cancel(request: ChargedRequest, ran: asyncio.Future[Reply]) -> None:
+        """A reserved request's work ended after the request was cancelled: log how (the
+        reply is stored under its key, if any; no one else will see it)."""
+        error = None if ran.cancelled() else ran.exception()  # marks any error as seen
+        if isinstance(error, ApiError):
+            status: int | str = error.status
+        elif error is not None or ran.cancelled():
+            status = "failed"
+        else:
+            status = ran.result().status
+        log_event(
+            "charged_request_ended_after_cancel",
+            request_id=request.request_id,
+            tenant=request.tenant.id,
+            endpoint=request.endpoint,
+            status=status,
+        )
+        if error is not None and not isinstance(error, ApiError):
+            logger.error(
+                "charged work failed after its request was cancelled (request %s)",
+                request.request_id,
+                exc_info=error,
+            )
 
     # --- validate ------------------------------------------------------------------------
     def validate(self, request: ChargedRequest) -> Admission:

@@ -238,8 +238,23 @@ def test_queued_graph_passes_equal_passes_waited_for_one_by_one(encoder) -> None
     waited.overlap_passes = False
     expected = waited.encode(sentences)
     np.testing.assert_array_equal(queued.encode(sentences), expected)
-    with ThreadPoolExecutor(2) as pool:
-        forward, backward = pool.map(queued.encode, [sentences, sentences[::-1]])
-    np.testing.assert_array_equal(forward, expected)
-    np.testing.assert_array_equal(backward, expected[::-1])
+    fresh = SentenceEncoder(encoder.path, "cuda", batch_size=4, fixed_batch=True)
+    for user in (queued, fresh):  # fresh: graphs are captured while the other thread runs
+        with ThreadPoolExecutor(2) as pool:
+            forward, backward = pool.map(user.encode, [sentences, sentences[::-1]])
+        np.testing.assert_array_equal(forward, expected)
+        np.testing.assert_array_equal(backward, expected[::-1])
     assert batch_invariance_violations(queued, INVARIANCE_PROBES[:4], batch_sizes=(3, 8)) == []
+
+
+@pytest.mark.skipif(not torch_cuda_available(), reason="needs a CUDA device")
+def test_graphed_passes_refuse_a_caller_on_another_stream(encoder) -> None:
+    """Two streams' work has no order: a pass queued from another stream could overwrite the
+    shared input tensors of a pass not yet run. Such a caller gets an error, never rows."""
+    import torch
+
+    from sentdp.errors import InternalError
+
+    queued = SentenceEncoder(encoder.path, "cuda", batch_size=4, fixed_batch=True)
+    with torch.cuda.stream(torch.cuda.Stream()), pytest.raises(InternalError, match="stream"):
+        queued.encode([TARGET])

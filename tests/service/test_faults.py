@@ -1,6 +1,6 @@
 """The ledger under faults: kill -9 in the middle of charged load, and two servers sharing one
-PostgreSQL ledger. Success always implies a recorded charge; nothing sampled is refunded; no
-user ever exceeds the limit."""
+ledger (PostgreSQL, or one SQLite file). Success always implies a recorded charge; nothing
+sampled is refunded; no user ever exceeds the limit."""
 
 from __future__ import annotations
 
@@ -119,19 +119,26 @@ def test_kill_9_under_load_never_under_charges(
     check_ledger(url, schema, tmp_path / "journal.txt", successes)
 
 
-@pytest.mark.postgres
-def test_two_servers_sharing_one_postgres_ledger_never_overspend(
-    quick_bundle_tag: str, tmp_path: Path
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_two_servers_sharing_one_ledger_never_overspend(
+    quick_bundle_tag: str, tmp_path: Path, backend: str
 ) -> None:
+    """Two servers (each of two gateway processes) on one ledger: PostgreSQL, the replicas'
+    option, and one SQLite file, whose writers queue on its lock file across processes."""
     import os
     import uuid
 
     from service.ledger.postgres import PostgresLedger
 
-    url = os.environ.get("SENTDP_TEST_POSTGRES_URL")
-    if url is None:
-        pytest.skip("SENTDP_TEST_POSTGRES_URL is not set (.ci/test sets it)")
     schema = f"t_{uuid.uuid4().hex[:16]}"
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'shared.sqlite3'}"
+    else:
+        url = os.environ.get("SENTDP_TEST_POSTGRES_URL", "")
+        if not url:
+            pytest.skip("SENTDP_TEST_POSTGRES_URL is not set (.ci/test sets it)")
     first = start(quick_bundle_tag, url, schema, tmp_path, "a")
     second = start(quick_bundle_tag, url, schema, tmp_path, "b")
     try:
@@ -165,4 +172,5 @@ def test_two_servers_sharing_one_postgres_ledger_never_overspend(
     finally:
         first.stop()
         second.stop()
-        PostgresLedger(url, schema).drop_schema()
+        if backend == "postgres":
+            PostgresLedger(url, schema).drop_schema()
