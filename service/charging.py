@@ -23,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from sentdp.accounting import ZCDP, Charge, epsilon_of_charge, to_epsilon
@@ -233,6 +234,7 @@ class Charging:
         threads = LEDGER_THREADS if ledger.parallel_writes else 1
         self._ledger_calls = FairExecutor(threads, "sentdp-ledger", per_key=max(1, threads // 2))
         self.reads = TenantChecks(1, READS_WAITING)
+        self._settling: set[asyncio.Future[Reply]] = set()  # the loop holds tasks weakly
         self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="sentdp-read")
         self.splitter = SentenceSplitter()
         self.slack = {v.record.name: privacy_slack(v.record.candidates) for v in bundle.variants}
@@ -324,41 +326,64 @@ class Charging:
                 metric("replays").labels(tenant).inc()
                 code = error_code(reserved.response) if reserved.status >= 400 else None
                 return Reply(reserved.status, reserved.response, replayed=True, code=code)
-            running = asyncio.ensure_future(self.run_and_settle(request, admission, reserved))
+            # Without its documents' raw text: the guard stops counting the body's bytes
+            # when the request ends, and what the work still holds (its sentences) is bounded
+            # by the tenant's load.
+            slim = replace(request, documents=[])
+            running = asyncio.ensure_future(self.run_and_settle(slim, admission, reserved))
+            self._settling.add(running)
+            running.add_done_callback(self._settling.discard)
             running.add_done_callback(lambda _: self.load.release(tenant, admission.cost))
             try:
                 return await asyncio.shield(running)
             except asyncio.CancelledError:
-                running.add_done_callback(lambda ran: self._ended_after_cancel(request, ran))
+                documents = len(request.documents)
+                running.add_done_callback(
+                    lambda ran: self._ended_after_cancel(slim, documents, ran)
+                )
                 raise
         finally:
             if running is None:
                 self.load.release(tenant, admission.cost)
 
     @staticmethod
-    def _ended_after_cancel(request: ChargedRequest, ran: asyncio.Future[Reply]) -> None:
+    def _ended_after_cancel(
+        request: ChargedRequest, documents: int, ran: asyncio.Future[Reply]
+    ) -> None:
         """A reserved request's work ended after the request was cancelled: log how (the
         reply is stored under its key, if any; no one else will see it)."""
         error = None if ran.cancelled() else ran.exception()  # marks any error as seen
-        if isinstance(error, ApiError):
-            status: int | str = error.status
-        elif error is not None or ran.cancelled():
-            status = "failed"
+        status = ran.result().status if error is None and not ran.cancelled() else None
+        if ran.cancelled():
+            outcome = "cancelled"  # a shutdown: the charges stay reserved, which counts them
+        elif isinstance(error, ApiError):
+            outcome, status = "refused", error.status
         else:
-            status = ran.result().status
+            outcome = "failed" if error is not None else "settled"
         log_event(
             "charged_request_ended_after_cancel",
+            logging.WARNING if outcome in ("cancelled", "failed") else logging.INFO,
             request_id=request.request_id,
             tenant=request.tenant.id,
             endpoint=request.endpoint,
+            documents=documents,
+            outcome=outcome,
             status=status,
+            error=None if error is None else type(error).__name__,
+            seconds=round(time.monotonic() - request.arrived_monotonic, 4),
         )
-        if error is not None and not isinstance(error, ApiError):
-            logger.error(
-                "charged work failed after its request was cancelled (request %s)",
-                request.request_id,
-                exc_info=error,
-            )
+
+    async def drain(self, seconds: float) -> int:
+        """Wait up to ``seconds`` for reserved work still running (requests cancelled while
+        the worker ran), so a stopping server settles it; how many did not end in time
+        (cancelled with the event loop: their charges stay reserved, which counts them)."""
+        running = [task for task in self._settling if not task.done()]
+        if not running:
+            return 0
+        _, left = await asyncio.wait(running, timeout=seconds)
+        if left:
+            log_event("charged_work_left_at_shutdown", logging.WARNING, requests=len(left))
+        return len(left)
 
     # --- validate ------------------------------------------------------------------------
     def validate(self, request: ChargedRequest) -> Admission:
@@ -500,7 +525,10 @@ class Charging:
         started = time.perf_counter()
         items = work.items
         try:
-            results = await self.worker(work)
+            # A call still running when the key's pending window ends could see a retry take
+            # the key over and sample again: it ends first, as an unknown outcome (charged).
+            async with asyncio.timeout(self.ledger.pending_timeout * 0.9):
+                results = await self.worker(work)
         except WorkerNotRunError as not_run:
             logger.warning(
                 "worker did not run (request %s): %s", request.request_id, not_run, exc_info=True

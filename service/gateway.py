@@ -73,6 +73,9 @@ def _registry() -> TenantRegistry:
 
 READY_PROBE_SECONDS = 2.0
 READY_CACHE_SECONDS = 1.0
+SHUTDOWN_SETTLE_SECONDS = 20.0
+"""How long a stopping gateway waits for reserved work whose request was cancelled (within
+a container runtime's usual grace period: Kubernetes gives 30 s)."""
 
 
 @bentoml.service(
@@ -188,6 +191,12 @@ class Gateway:
         except ApiError as error:
             return self._error(ctx, error)
         return budget_view(account, tenant.policy)
+
+    @bentoml.on_shutdown
+    async def _settle_before_stopping(self) -> None:
+        """Give reserved work still running (requests cancelled while the worker ran) time to
+        settle before the process stops; what does not end in time stays reserved."""
+        await self.charging.drain(SHUTDOWN_SETTLE_SECONDS)
 
     async def __is_ready__(self) -> bool:
         """Ready once the worker answers its own /readyz and, after each worker start seen,

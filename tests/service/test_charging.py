@@ -1009,7 +1009,10 @@ def test_a_request_cancelled_while_the_worker_runs_is_settled_when_the_worker_an
     leaving early never lets a tenant put more work in flight than its limit."""
     worker = FakeWorker(BUNDLE, mode=mode)
     gate = asyncio.Event()
-    flow = charging(ledger, gated(worker, gate))  # type: ignore[arg-type]
+    probe = charging(ledger, worker)
+    one = probe.load.weight(probe.validate(request()).cost)
+    flow = charging(ledger, gated(worker, gate), inflight=one)  # room for one such request
+    ended: list[dict] = []
 
     async def scenario() -> None:
         task = asyncio.create_task(flow.handle(request(idempotency_key="k-left")))
@@ -1018,22 +1021,32 @@ def test_a_request_cancelled_while_the_worker_runs_is_settled_when_the_worker_an
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.sleep(0.05)
-        assert flow.load._inflight.get("acme", 0) > 0  # still held
         assert states(ledger) == ["reserved"]
+        busy = await flow.handle(request(user="bob"))  # the tenant's load is still taken
+        assert (busy.status, busy.code) == (429, "tenant_busy")
         gate.set()
         await until(lambda: states(ledger) != ["reserved"])
-        await until(lambda: not flow.load._inflight)
+        assert await flow.drain(5) == 0
+        assert not flow.load._inflight  # given back once the work ended
+        ended.extend(
+            r.sentdp_fields  # type: ignore[attr-defined]
+            for r in caplog.records
+            if getattr(r, "sentdp_fields", {}).get("event") == "charged_request_ended_after_cancel"
+        )
 
     with caplog.at_level("INFO", logger="sentdp.service"):
         asyncio.run(scenario())
-    assert "charged_request_ended_after_cancel" in caplog.text
+    assert len(ended) == 1
+    assert ended[0]["outcome"] == "settled"
+    assert ended[0]["status"] == (200 if mode == "ok" else 429)
+    assert ended[0]["documents"] == 1
+    assert not {"text", "sentences"} & set(ended[0])
     again, _ = run(flow, request(idempotency_key="k-left"))
     if mode == "ok":
-        assert states(ledger) == ["final"]
-        assert len(worker.journal) == 1
+        assert states(ledger)[0] == "final"
         assert (again.status, again.replayed) == (200, True)  # charged once, replayed
     else:
-        assert states(ledger) == ["refunded", "refunded"]  # nothing drawn either time
+        assert set(states(ledger)) == {"refunded"}  # nothing drawn, any time
         assert again.replayed is False  # the key was free: the retry ran afresh
 
 
@@ -1065,6 +1078,57 @@ def test_a_request_cancelled_while_a_worker_that_never_answers_runs_stays_charge
     assert len(worker.journal) == 1
     assert states(ledger) == ["reserved"]
     assert ledger.account("acme", "alice").spent_micro > 0
+
+
+def test_a_stopping_gateway_waits_for_cancelled_work_and_reports_what_it_left(
+    ledger: SqlLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``drain`` (the gateway's shutdown hook) returns when reserved work whose request was
+    cancelled has settled, and after its time limit counts what is still running (left
+    reserved when the loop stops, which counts it)."""
+    worker = FakeWorker(BUNDLE)
+    gate = asyncio.Event()
+    flow = charging(ledger, gated(worker, gate))  # type: ignore[arg-type]
+
+    async def cancelled_at_the_worker(user: str) -> None:
+        task = asyncio.create_task(flow.handle(request(user=user)))
+        await until(lambda: worker.calls == 0 and len(flow._settling) == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def scenario() -> tuple[int, int]:
+        await cancelled_at_the_worker("left")
+        left = await flow.drain(0.1)  # the worker has not answered
+        gate.set()
+        settled = await flow.drain(5)
+        return left, settled
+
+    with caplog.at_level("INFO", logger="sentdp.service"):
+        assert asyncio.run(scenario()) == (1, 0)
+    assert "charged_work_left_at_shutdown" in caplog.text
+    assert states(ledger) == ["final"]
+    assert not flow._settling
+
+
+def test_a_worker_call_ends_before_its_keys_pending_window_does(ledger: SqlLedger) -> None:
+    """A worker that never answers is given up before the key could be taken over by a
+    retry (which would sample again): the outcome is unknown, so the charge is final and
+    the error is stored under the key."""
+    ledger.pending_timeout = 0.5
+
+    async def never_answers(work: WorkRequest) -> list:  # type: ignore[type-arg]
+        await asyncio.Event().wait()
+        return []
+
+    flow = charging(ledger, never_answers)  # type: ignore[arg-type]
+    started = time.monotonic()
+    reply, body = run(flow, request(idempotency_key="k-hung"))
+    assert time.monotonic() - started < 5
+    assert (reply.status, body["error"]["code"]) == (500, "mechanism_failed")
+    assert states(ledger) == ["final"]
+    again, _ = run(flow, request(idempotency_key="k-hung"))
+    assert (again.status, again.replayed) == (500, True)
 
 
 def test_an_abandoned_reservations_refund_leaves_a_key_another_request_took_over(
