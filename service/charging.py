@@ -61,6 +61,7 @@ from service.schemas import (
     WorkRequest,
     WorkResult,
 )
+from service.settings import WORKER_CALL_SHARE
 from service.tenants import Tenant
 from service.validation import (
     Limits,
@@ -330,7 +331,9 @@ class Charging:
             # when the request ends, and what the work still holds (its sentences) is bounded
             # by the tenant's load.
             slim = replace(request, documents=[])
-            running = asyncio.ensure_future(self.run_and_settle(slim, admission, reserved))
+            running = asyncio.get_running_loop().create_task(
+                self.run_and_settle(slim, admission, reserved), name=request.request_id
+            )
             self._settling.add(running)
             running.add_done_callback(self._settling.discard)
             running.add_done_callback(lambda _: self.load.release(tenant, admission.cost))
@@ -356,13 +359,13 @@ class Charging:
         status = ran.result().status if error is None and not ran.cancelled() else None
         if ran.cancelled():
             outcome = "cancelled"  # a shutdown: the charges stay reserved, which counts them
-        elif isinstance(error, ApiError):
-            outcome, status = "refused", error.status
-        else:
-            outcome = "failed" if error is not None else "settled"
+        elif isinstance(error, ApiError):  # raised after the charge: the outcome is unknown
+            outcome, status = "failed", error.status
+        else:  # a settlement that failed was logged with the request id ("ledger settle")
+            outcome = "failed" if error is not None else "answered"
         log_event(
             "charged_request_ended_after_cancel",
-            logging.WARNING if outcome in ("cancelled", "failed") else logging.INFO,
+            logging.INFO if outcome == "answered" else logging.WARNING,
             request_id=request.request_id,
             tenant=request.tenant.id,
             endpoint=request.endpoint,
@@ -381,8 +384,9 @@ class Charging:
         if not running:
             return 0
         _, left = await asyncio.wait(running, timeout=seconds)
-        if left:
-            log_event("charged_work_left_at_shutdown", logging.WARNING, requests=len(left))
+        if left:  # the tasks are named by request id: whose charges to reconcile
+            ids = sorted(task.get_name() for task in left if isinstance(task, asyncio.Task))
+            log_event("charged_work_left_at_shutdown", logging.WARNING, request_ids=ids)
         return len(left)
 
     # --- validate ------------------------------------------------------------------------
@@ -524,11 +528,20 @@ class Charging:
     async def _run(self, request: ChargedRequest, work: WorkRequest) -> list[WorkResult]:
         started = time.perf_counter()
         items = work.items
+        # A call still running when the key's pending window ends could see a retry take the
+        # key over and sample again: it ends first (the window counts from the reservation,
+        # after the arrival), as an unknown outcome (charged).
+        given_up = request.arrived + self.ledger.pending_timeout * WORKER_CALL_SHARE
         try:
-            # A call still running when the key's pending window ends could see a retry take
-            # the key over and sample again: it ends first, as an unknown outcome (charged).
-            async with asyncio.timeout(self.ledger.pending_timeout * 0.9):
+            async with asyncio.timeout(max(0.0, given_up - time.time())):
                 results = await self.worker(work)
+        except TimeoutError as late:
+            logger.error("worker call given up (request %s)", request.request_id)
+            raise WorkerOutcomeUnknownError(
+                Code.WORKER_RESPONSE_LOST,
+                "the worker's answer did not come in time after the budget was charged; "
+                "the charge stands",
+            ) from late
         except WorkerNotRunError as not_run:
             logger.warning(
                 "worker did not run (request %s): %s", request.request_id, not_run, exc_info=True

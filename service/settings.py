@@ -19,6 +19,10 @@ import platformdirs
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+WORKER_CALL_SHARE = 0.9
+"""The share of SENTDP_IDEMPOTENCY_PENDING_SECONDS, counted from a request's arrival, after
+which the gateway gives its worker call up (an unknown outcome: charged). Ending before the
+key's pending window does, no call can outlive its key and see a retry sample again."""
 REQUEST_OVERHEAD_BYTES = 16 * 1024
 """What each request to a charged route counts against its tenant's bytes in flight besides
 its body: a connection and its task hold memory even with an empty body."""
@@ -181,11 +185,12 @@ class ServiceSettings(BaseSettings):
                 "SENTDP_TENANT_INFLIGHT_BYTES must be at least SENTDP_MAX_BODY_BYTES + 16384, "
                 "or the largest body could never be admitted"
             )
-        if self.idempotency_pending_seconds <= self.gateway_timeout_s():
+        if self.idempotency_pending_seconds * WORKER_CALL_SHARE <= self.gateway_timeout_s():
             raise ValueError(
-                "SENTDP_IDEMPOTENCY_PENDING_SECONDS must exceed the gateway's timeout "
+                "SENTDP_IDEMPOTENCY_PENDING_SECONDS x 0.9 must exceed the gateway's timeout "
                 "(2 x SENTDP_WORKER_MAX_LATENCY_MS + 30 s), or a running request's key "
-                "could be taken over"
+                "could be taken over, or its worker call given up before the worker's own "
+                "timeouts"
             )
         if self.body_timeout_s >= self.gateway_timeout_s():
             raise ValueError(

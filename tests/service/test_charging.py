@@ -1016,7 +1016,7 @@ def test_a_request_cancelled_while_the_worker_runs_is_settled_when_the_worker_an
 
     async def scenario() -> None:
         task = asyncio.create_task(flow.handle(request(idempotency_key="k-left")))
-        await until(lambda: states(ledger) == ["reserved"])  # reserved, at the worker
+        await until(lambda: len(flow._settling) == 1)  # reserved, at the worker
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -1037,7 +1037,7 @@ def test_a_request_cancelled_while_the_worker_runs_is_settled_when_the_worker_an
     with caplog.at_level("INFO", logger="sentdp.service"):
         asyncio.run(scenario())
     assert len(ended) == 1
-    assert ended[0]["outcome"] == "settled"
+    assert ended[0]["outcome"] == "answered"
     assert ended[0]["status"] == (200 if mode == "ok" else 429)
     assert ended[0]["documents"] == 1
     assert not {"text", "sentences"} & set(ended[0])
@@ -1046,8 +1046,8 @@ def test_a_request_cancelled_while_the_worker_runs_is_settled_when_the_worker_an
         assert states(ledger)[0] == "final"
         assert (again.status, again.replayed) == (200, True)  # charged once, replayed
     else:
-        assert set(states(ledger)) == {"refunded"}  # nothing drawn, any time
-        assert again.replayed is False  # the key was free: the retry ran afresh
+        assert states(ledger) == ["refunded", "refunded"]  # nothing drawn, either time
+        assert (again.status, again.replayed) == (429, False)  # the key was free: ran afresh
 
 
 def test_a_request_cancelled_while_a_worker_that_never_answers_runs_stays_charged(
@@ -1084,51 +1084,84 @@ def test_a_stopping_gateway_waits_for_cancelled_work_and_reports_what_it_left(
     ledger: SqlLedger, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``drain`` (the gateway's shutdown hook) returns when reserved work whose request was
-    cancelled has settled, and after its time limit counts what is still running (left
-    reserved when the loop stops, which counts it)."""
+    cancelled has settled, and after its time limit names what is still running: cancelled
+    with the event loop, that work's charges stay reserved, which counts them."""
+    from service.gateway import Gateway
+
+    assert Gateway.inner._settle_before_stopping.__bentoml_shutdown_hook__  # type: ignore[attr-defined]
     worker = FakeWorker(BUNDLE)
     gate = asyncio.Event()
     flow = charging(ledger, gated(worker, gate))  # type: ignore[arg-type]
-
-    async def cancelled_at_the_worker(user: str) -> None:
-        task = asyncio.create_task(flow.handle(request(user=user)))
-        await until(lambda: worker.calls == 0 and len(flow._settling) == 1)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    async def scenario() -> tuple[int, int]:
-        await cancelled_at_the_worker("left")
-        left = await flow.drain(0.1)  # the worker has not answered
-        gate.set()
-        settled = await flow.drain(5)
-        return left, settled
-
-    with caplog.at_level("INFO", logger="sentdp.service"):
-        assert asyncio.run(scenario()) == (1, 0)
-    assert "charged_work_left_at_shutdown" in caplog.text
-    assert states(ledger) == ["final"]
-    assert not flow._settling
-
-
-def test_a_worker_call_ends_before_its_keys_pending_window_does(ledger: SqlLedger) -> None:
-    """A worker that never answers is given up before the key could be taken over by a
-    retry (which would sample again): the outcome is unknown, so the charge is final and
-    the error is stored under the key."""
-    ledger.pending_timeout = 0.5
 
     async def never_answers(work: WorkRequest) -> list:  # type: ignore[type-arg]
         await asyncio.Event().wait()
         return []
 
+    hung = charging(ledger, never_answers)  # type: ignore[arg-type]
+    cut = request(user="cut")
+
+    async def cancelled_at_the_worker(on: Charging, req: ChargedRequest) -> None:
+        task = asyncio.create_task(on.handle(req))
+        await until(lambda: len(on._settling) == 1)  # reserved, at the worker
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def waits() -> tuple[int, int]:
+        await cancelled_at_the_worker(flow, request(user="waited"))
+        left = await flow.drain(0.1)  # the worker has not answered
+        gate.set()
+        return left, await flow.drain(5)
+
+    async def stops() -> int:
+        await cancelled_at_the_worker(hung, cut)
+        return await hung.drain(0.1)  # then the loop ends, cancelling the work
+
+    with caplog.at_level("INFO", logger="sentdp.service"):
+        assert asyncio.run(waits()) == (1, 0)
+        assert states(ledger) == ["final"]
+        assert asyncio.run(stops()) == 1
+    assert states(ledger) == ["final", "reserved"]
+    fields = [getattr(r, "sentdp_fields", {}) for r in caplog.records]
+    left = [f for f in fields if f.get("event") == "charged_work_left_at_shutdown"]
+    assert left[-1]["request_ids"] == [cut.request_id]
+    ended = [f for f in fields if f.get("event") == "charged_request_ended_after_cancel"]
+    assert [f["outcome"] for f in ended] == ["answered", "cancelled"]
+    assert not flow._settling
+    assert not hung._settling
+
+
+def test_a_worker_call_ends_before_its_keys_pending_window_does(ledger: SqlLedger) -> None:
+    """A worker that never answers is given up at 0.9 of the key's pending window, counted
+    from the request's arrival: a retry meanwhile gets 409 (in flight), never a second
+    sampling; after it the error is stored under the key (the outcome is unknown, so the
+    charge is final) and replays."""
+    ledger.pending_timeout = 2.0
+    calls: list[int] = []
+
+    async def never_answers(work: WorkRequest) -> list:  # type: ignore[type-arg]
+        calls.append(1)
+        await asyncio.Event().wait()
+        return []
+
     flow = charging(ledger, never_answers)  # type: ignore[arg-type]
-    started = time.monotonic()
-    reply, body = run(flow, request(idempotency_key="k-hung"))
-    assert time.monotonic() - started < 5
-    assert (reply.status, body["error"]["code"]) == (500, "mechanism_failed")
+    first = request(idempotency_key="k-hung")
+
+    async def scenario() -> tuple[Reply, Reply, float]:
+        task = asyncio.create_task(flow.handle(first))
+        await until(lambda: calls == [1])
+        retried = await flow.handle(request(idempotency_key="k-hung"))
+        reply = await task
+        return reply, retried, time.monotonic() - first.arrived_monotonic
+
+    reply, retried, seconds = asyncio.run(scenario())
+    assert retried.status == 409
+    assert 1.0 < seconds < 2.0  # given up at 1.8 s, inside the 2 s window
+    assert (reply.status, reply.code) == (502, "worker_response_lost")
     assert states(ledger) == ["final"]
     again, _ = run(flow, request(idempotency_key="k-hung"))
-    assert (again.status, again.replayed) == (500, True)
+    assert (again.status, again.replayed) == (502, True)
+    assert calls == [1]
 
 
 def test_an_abandoned_reservations_refund_leaves_a_key_another_request_took_over(

@@ -59,3 +59,16 @@ def test_the_body_timeout_stays_below_the_gateways_request_timeout(
     monkeypatch.setenv("SENTDP_BODY_TIMEOUT_S", "150")
     with pytest.raises(ValueError, match="SENTDP_BODY_TIMEOUT_S must stay below"):
         ServiceSettings()
+
+
+def test_the_gateway_gives_up_a_worker_call_after_the_request_timeout_and_before_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """0.9 x the pending window (when a worker call is given up) must exceed the gateway's
+    request timeout (150 s by default), so only a cancelled request's call is ever given up."""
+    monkeypatch.delenv("SENTDP_WORKER_MAX_LATENCY_MS", raising=False)
+    monkeypatch.setenv("SENTDP_IDEMPOTENCY_PENDING_SECONDS", "166.7")
+    assert ServiceSettings().idempotency_pending_seconds == 166.7
+    monkeypatch.setenv("SENTDP_IDEMPOTENCY_PENDING_SECONDS", "166.6")  # 0.9 x 166.6 < 150
+    with pytest.raises(ValueError, match=r"PENDING_SECONDS x 0\.9 must exceed"):
+        ServiceSettings()
