@@ -116,7 +116,7 @@ def test_a_failing_purge_does_not_fail_the_reservation_it_rides_on(
     """Purging expired keys is housekeeping (a reviewer saw two purges and a key claim
     deadlock on PostgreSQL): the request that triggered it is reserved all the same."""
 
-    def deadlocked(now: float | None = None) -> int:
+    def deadlocked(now: float | None = None, limit: int | None = None) -> int:
         raise RuntimeError("deadlock detected")
 
     monkeypatch.setattr(ledger, "purge_expired", deadlocked)
@@ -270,6 +270,35 @@ def test_expired_idempotency_rows_are_purged(ledger: SqlLedger) -> None:
         left = ledger._execute(cur, "SELECT COUNT(*) FROM sentdp_idempotency").fetchone()[0]
     assert left == 0
     assert ledger.account("acme", "alice").spent_micro == 2 * MICRO  # charges are kept
+
+
+def test_expired_keys_are_purged_a_chunk_per_reservation(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A minute's expired keys are not deleted in one transaction that every other ledger
+    call waits for: each reservation deletes at most a chunk, oldest first, and while chunks
+    come back full the next reservation deletes the next one."""
+    import service.ledger.sql as sql
+
+    monkeypatch.setattr(sql, "PURGE_CHUNK_ROWS", 3)
+    for n in range(7):  # a user each: the budget is small
+        reserve(ledger, f"user-{n}", idempotency=IdempotencyKey(f"k{n}", "h"))
+    age_pending_keys(ledger, IDEMPOTENCY_TTL_SECONDS + 120)
+    reserve(ledger, "user-7", idempotency=IdempotencyKey("fresh", "h"))  # in the same minute
+
+    def keys() -> list[str]:
+        with ledger.transaction() as cur:
+            rows = ledger._execute(cur, "SELECT key FROM sentdp_idempotency").fetchall()
+        return sorted(row[0] for row in rows)
+
+    assert len(keys()) == 8
+    ledger._last_purge = 0.0  # a minute later
+    left = []
+    for n in range(4):
+        reserve(ledger, f"later-{n}")
+        left.append(len(keys()))
+    assert left == [5, 2, 1, 1]  # 3, 3, then the last expired one; "fresh" stays
+    assert keys() == ["fresh"]
 
 
 def test_concurrent_threads_never_overspend(ledger: SqlLedger) -> None:
