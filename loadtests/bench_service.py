@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import statistics
 import sys
@@ -178,7 +179,7 @@ def cpu_seconds(server: Server) -> dict[str, float]:
             continue
         seconds = times.user + times.system
         if process.pid == os.getpid():
-            kind = "client"  # with the client processes it has reaped
+            kind = "client"  # with the client processes it has reaped, their start-up too
             seconds += times.children_user + times.children_system
         elif process.pid == arbiter:
             kind = "arbiter"
@@ -308,7 +309,9 @@ def serve(
     """The service on ``model``; ``workers`` worker processes share the THREADS encoder
     threads (at least one each); ``extra`` variables are set for the server alone."""
     tenants = write_tenants(folder / "tenants.json")
-    name = f"{model.replace(':', '-')}-{batching}-{gateways}-{workers}-{len(extra or {})}"
+    variables = ",".join(f"{var}={value}" for var, value in sorted((extra or {}).items()))
+    digest = hashlib.sha256(variables.encode()).hexdigest()[:8]  # a ledger and log per server
+    name = f"{model.replace(':', '-')}-{batching}-{gateways}-{workers}-{digest}"
     env = {
         "SENTDP_MODEL": model,
         "SENTDP_TENANTS_FILE": str(tenants),

@@ -311,10 +311,11 @@ class Charging:
     async def _admitted(self, request: ChargedRequest, admission: Admission) -> Reply:
         """Reserve, run and settle while the request counts against its tenant's load.
 
-        Once reserved, the work runs to its settlement even if the request is cancelled (a
-        client gone, a gateway timeout): what was sampled is charged and its reply stored
-        under the key, what was not is refunded, and the tenant's load is given back only
-        when the work has ended, so leaving early never lets a tenant exceed it."""
+        Once reserved, the work runs to its settlement even if the request is cancelled (the
+        gateway's request timeout, a shutdown; a client that disconnects does not cancel it):
+        what was sampled is charged and its reply stored under the key, what was not is
+        refunded, and the tenant's load is given back only when the work has ended, so a
+        cancelled request never lets a tenant exceed it."""
         tenant = request.tenant.id
         if not self.load.try_acquire(tenant, admission.cost):
             raise tenant_busy(
