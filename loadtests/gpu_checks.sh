@@ -2,6 +2,7 @@
 # The README's "On a GPU" checks, on a machine with CUDA and the project installed: batch
 # invariance per serving mode, the encoder and depth tests on CUDA, depth on CUDA against
 # NumPy, and the service against its encoder. PYTHON names the interpreter (default .venv's).
+# Offline machines: unpack what `loadtests/offline_pack.py pack` made first, and export what it prints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
