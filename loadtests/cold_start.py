@@ -13,7 +13,6 @@ server processes (sampled every 0.5 s). Settings come from the environment, e.g.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ def main() -> None:
             sampler = RssSampler(server)
             sampler.start()
             try:
-                result = asyncio.run(load(server, documents, args.concurrency))
+                result = load(server, documents, args.concurrency)
                 time.sleep(1)
             finally:
                 sampler.running = False

@@ -9,7 +9,6 @@ memory: 96 BBC News test documents at concurrency 1 and 32, each setting started
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import tempfile
@@ -29,8 +28,8 @@ def main() -> None:
             sampler = RssSampler(server)
             sampler.start()
             try:
-                asyncio.run(load(server, warmup, 4))
-                results = {c: asyncio.run(load(server, measured, c)) for c in (1, 32)}
+                load(server, warmup, 4)
+                results = {c: load(server, measured, c) for c in (1, 32)}
             finally:
                 sampler.running = False
                 sampler.join()
