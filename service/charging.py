@@ -235,7 +235,7 @@ class Charging:
         threads = LEDGER_THREADS if ledger.parallel_writes else 1
         self._ledger_calls = FairExecutor(threads, "sentdp-ledger", per_key=max(1, threads // 2))
         self.reads = TenantChecks(1, READS_WAITING)
-        self._settling: set[asyncio.Future[Reply]] = set()  # the loop holds tasks weakly
+        self._settling: set[asyncio.Task[Reply]] = set()  # the loop holds tasks weakly
         self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="sentdp-read")
         self.splitter = SentenceSplitter()
         self.slack = {v.record.name: privacy_slack(v.record.candidates) for v in bundle.variants}
@@ -321,7 +321,7 @@ class Charging:
             raise tenant_busy(
                 tenant, f"this tenant may have {self.load.limit} padded tokens of work in flight"
             )
-        running: asyncio.Future[Reply] | None = None
+        running: asyncio.Task[Reply] | None = None
         try:
             reserved = await self.reserve(request, admission)
             if isinstance(reserved, Replay):
@@ -357,13 +357,14 @@ class Charging:
         """A reserved request's work ended after the request was cancelled: log how (the
         reply is stored under its key, if any; no one else will see it)."""
         error = None if ran.cancelled() else ran.exception()  # marks any error as seen
-        status = ran.result().status if error is None and not ran.cancelled() else None
+        status: int | None = None
         if ran.cancelled():
             outcome = "cancelled"  # a shutdown: the charges stay reserved, which counts them
-        elif isinstance(error, ApiError):  # raised after the charge: the outcome is unknown
-            outcome, status = "failed", error.status
-        else:  # a settlement that failed was logged with the request id ("ledger settle")
-            outcome = "failed" if error is not None else "answered"
+        elif error is None:  # a settlement that failed was logged ("ledger settle failed")
+            outcome, status = "answered", ran.result().status
+        else:  # an ApiError was raised after the charge: the outcome is unknown
+            outcome = "failed"
+            status = error.status if isinstance(error, ApiError) else None
         log_event(
             "charged_request_ended_after_cancel",
             logging.INFO if outcome == "answered" else logging.WARNING,
@@ -386,7 +387,7 @@ class Charging:
             return 0
         _, left = await asyncio.wait(running, timeout=seconds)
         if left:  # the tasks are named by request id: whose charges to reconcile
-            ids = sorted(task.get_name() for task in left if isinstance(task, asyncio.Task))
+            ids = sorted(task.get_name() for task in left)
             log_event("charged_work_left_at_shutdown", logging.WARNING, request_ids=ids)
         return len(left)
 
@@ -649,10 +650,11 @@ class Charging:
         """A ledger call for ``request`` on the ledger's threads (database calls never block
         the event loop), in its tenant's turn among tenants with calls waiting.
 
-        If the request is cancelled (a client gone) while the call waits, the call is
-        dropped, unless it ``must_run`` (a settlement after the worker ran: dropped, it
-        would leave its charges reserved and its key pending). A call that runs although its
-        request is gone is still logged if it fails, and ``abandoned`` gets its result."""
+        If the request is cancelled (the gateway's timeout, a shutdown) while the call waits,
+        the call is dropped, unless it ``must_run`` (a settlement after the worker ran:
+        dropped, it would leave its charges reserved and its key pending). A call that runs
+        although its request is gone is still logged if it fails, and ``abandoned`` gets its
+        result."""
         started = time.perf_counter()
         call = contextvars.copy_context().run
         future = self._ledger_calls.submit(request.tenant.id, call, function, *args)

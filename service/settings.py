@@ -187,7 +187,8 @@ class ServiceSettings(BaseSettings):
             )
         if self.idempotency_pending_seconds * WORKER_CALL_SHARE <= self.gateway_timeout_s():
             raise ValueError(
-                "SENTDP_IDEMPOTENCY_PENDING_SECONDS x 0.9 must exceed the gateway's timeout "
+                f"SENTDP_IDEMPOTENCY_PENDING_SECONDS x {WORKER_CALL_SHARE:g} must exceed the "
+                "gateway's timeout "
                 "(2 x SENTDP_WORKER_MAX_LATENCY_MS + 30 s), or a running request's key "
                 "could be taken over, or its worker call given up before the worker's own "
                 "timeouts"
