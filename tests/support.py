@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -319,3 +320,9 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.001)
+
+
+def logged_events(records: Iterable[logging.LogRecord], event: str) -> list[dict[str, Any]]:
+    """The fields of every structured log event named ``event`` (:func:`service.logs.log_event`)."""
+    fields = (getattr(record, "sentdp_fields", {}) for record in records)
+    return [f for f in fields if f.get("event") == event]

@@ -28,7 +28,7 @@ from service.tenants import Tenant
 from service.validation import Limits
 from service.views import label_of
 from tests.service.fakes import DIM, FakeWorker, embed, tiny_bundle
-from tests.support import Concurrency, wait_for
+from tests.support import Concurrency, logged_events, wait_for
 
 BUNDLE = tiny_bundle()
 VERSION = "sentdp-unit:v1"
@@ -1012,7 +1012,6 @@ def test_a_request_cancelled_while_the_worker_runs_is_settled_when_the_worker_an
     probe = charging(ledger, worker)
     one = probe.load.weight(probe.validate(request()).cost)
     flow = charging(ledger, gated(worker, gate), inflight=one)  # room for one such request
-    ended: list[dict] = []
 
     async def scenario() -> None:
         task = asyncio.create_task(flow.handle(request(idempotency_key="k-left")))
@@ -1028,14 +1027,10 @@ def test_a_request_cancelled_while_the_worker_runs_is_settled_when_the_worker_an
         await until(lambda: states(ledger) != ["reserved"])
         assert await flow.drain(5) == 0
         assert not flow.load._inflight  # given back once the work ended
-        ended.extend(
-            r.sentdp_fields  # type: ignore[attr-defined]
-            for r in caplog.records
-            if getattr(r, "sentdp_fields", {}).get("event") == "charged_request_ended_after_cancel"
-        )
 
     with caplog.at_level("INFO", logger="sentdp.service"):
         asyncio.run(scenario())
+    ended = logged_events(caplog.records, "charged_request_ended_after_cancel")
     assert len(ended) == 1
     assert ended[0]["outcome"] == "answered"
     assert ended[0]["status"] == (200 if mode == "ok" else 429)
@@ -1122,10 +1117,9 @@ def test_a_stopping_gateway_waits_for_cancelled_work_and_reports_what_it_left(
         assert states(ledger) == ["final"]
         assert asyncio.run(stops()) == 1
     assert states(ledger) == ["final", "reserved"]
-    fields = [getattr(r, "sentdp_fields", {}) for r in caplog.records]
-    left = [f for f in fields if f.get("event") == "charged_work_left_at_shutdown"]
+    left = logged_events(caplog.records, "charged_work_left_at_shutdown")
     assert left[-1]["request_ids"] == [cut.request_id]
-    ended = [f for f in fields if f.get("event") == "charged_request_ended_after_cancel"]
+    ended = logged_events(caplog.records, "charged_request_ended_after_cancel")
     assert [f["outcome"] for f in ended] == ["answered", "cancelled"]
     assert not flow._settling
     assert not hung._settling
