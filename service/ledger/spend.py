@@ -13,6 +13,11 @@ Statements for :class:`~service.ledger.sql.SqlLedger`, run inside its transactio
   after the current period's end (the end of the window it opened in, under the period length
   of that time), inside the same transaction as the debit. A change of ``period_days`` so
   never renews anyone early.
+* A replica from before schema 3 debits ``spent_micro`` alone (it knows pure sequential
+  epsilon only). Before admitting, an account kept in pure sequential epsilon, or by no
+  accountant yet, takes ``spend_units`` up to ``spent_micro``, and is then kept in pure
+  sequential epsilon: an older replica's debits are never invisible to a newer one (a tenant
+  on another accountant then gets 409 ``accountant_changed`` until a new period opens).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sentdp.accounting import ADMISSION_SQL, PER_DOCUMENT, SEQUENTIAL, Charge, Policy
+from sentdp.accounting import ADMISSION_SQL, PER_DOCUMENT, PURE, SEQUENTIAL, Charge, Policy
 from sentdp.errors import InputError
 from service.ledger.types import Account, AccountantChangedError
 
@@ -31,6 +36,16 @@ if TYPE_CHECKING:
 _ACCOUNT = (
     "SELECT spent_micro, documents, period, spend_units, accountant, period_window, "
     "period_ends FROM sentdp_accounts WHERE tenant = :t AND user_id = :u"
+)
+_PURE_SEQUENTIAL = f"{PURE}-{SEQUENTIAL}"
+_CATCH_UP = (
+    # Only pure sequential units are spent_micro's: a per-document account's spent_micro (its
+    # documents' sum) is legitimately above its largest document's spend. No accountant with
+    # a spend is an account only a replica from before schema 3 has written to.
+    "UPDATE sentdp_accounts SET accountant = :acc, spend_units = CASE "
+    "WHEN spent_micro > COALESCE(spend_units, 0) THEN spent_micro ELSE spend_units END "
+    "WHERE tenant = :t AND user_id = :u AND ((accountant IS NULL AND spent_micro > 0) "
+    "OR (accountant = :acc AND spent_micro > COALESCE(spend_units, 0)))"
 )
 _OPEN_WINDOW = (
     "UPDATE sentdp_accounts SET period_window = :w, period_ends = :e, "
@@ -108,6 +123,9 @@ def _read(
     if row is None:
         return Account(tenant, user, 0, 0, 0), Clock(None, None)
     spent, documents, period, units, accountant, window, ends = row
+    behind = spent > (units or 0)
+    if (accountant is None and spent > 0) or (accountant == _PURE_SEQUENTIAL and behind):
+        units, accountant = max(spent, units or 0), _PURE_SEQUENTIAL  # as _CATCH_UP leaves it
     account = Account(
         tenant, user, int(spent), int(documents), int(period), int(units or 0), accountant
     )
@@ -126,6 +144,7 @@ def prepare(
         "ON CONFLICT (tenant, user_id) DO NOTHING",
         {"t": tenant, "u": user},
     )
+    ledger._execute(cur, _CATCH_UP, {"t": tenant, "u": user, "acc": _PURE_SEQUENTIAL})
     # Locked until commit (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises): a
     # request that renews the period meanwhile would otherwise commit between this read and
     # the debit, which would then go to the old period's document rows and the new period's

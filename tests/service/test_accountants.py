@@ -478,3 +478,82 @@ def test_a_refund_and_a_reservation_of_the_same_document_do_not_deadlock(
     assert refunding.account("acme", "u").spend_units == MICRO
     refunding.close()
     reserving.close()
+
+
+def _as_a_replica_before_schema_3_debits(ledger: SqlLedger, user: str, micro: int) -> None:
+    """What sentdp before schema 3 ran to admit a release: its account row without
+    ``spend_units`` or an accountant, its admission on ``spent_micro`` alone, its charge row
+    without units (its statements, as they were)."""
+    with ledger.transaction() as cur:
+        ledger._execute(
+            cur,
+            "INSERT INTO sentdp_accounts (tenant, user_id) VALUES (:t, :u) "
+            "ON CONFLICT (tenant, user_id) DO NOTHING",
+            {"t": "acme", "u": user},
+        )
+        row = ledger._execute(
+            cur,
+            "UPDATE sentdp_accounts SET spent_micro = spent_micro + :total, "
+            "documents = documents + 1 WHERE tenant = :t AND user_id = :u "
+            "AND (spent_micro + :total) <= :lim RETURNING period",
+            {"t": "acme", "u": user, "total": micro, "lim": 10 * MICRO},
+        ).fetchone()
+        assert row is not None, "the older replica refused: the test's budget is wrong"
+        ledger._execute(
+            cur,
+            "INSERT INTO sentdp_charges (tenant, user_id, period, micro, state, request_id, "
+            "created_at) VALUES (:t, :u, :p, :m, 'reserved', 'old', 0)",
+            {"t": "acme", "u": user, "p": row[0], "m": micro},
+        )
+
+
+@pytest.mark.parametrize("first", ["this sentdp", "the older replica"])
+def test_an_older_replicas_debits_count_before_this_sentdp_admits(
+    ledger_url: tuple[str, str], first: str
+) -> None:
+    """A replica from before schema 3 beside this one (a rolling upgrade) debits
+    ``spent_micro`` only: this sentdp still admits no more than B in all, whoever wrote the
+    account first, and /budget shows the older replica's spend."""
+    ledger = open_ledger(*ledger_url)
+    pure = Policy(1, 10 * MICRO)
+    one = Charge("deepcandidate", MICRO, 1)
+    if first == "this sentdp":
+        ledger.reserve("acme", "u", one, pure, "n0")
+        _as_a_replica_before_schema_3_debits(ledger, "u", 6 * MICRO)
+    else:
+        _as_a_replica_before_schema_3_debits(ledger, "u", 7 * MICRO)
+    assert ledger.account("acme", "u", pure).spend_units == 7 * MICRO
+    admitted = 0
+    while admitted < 20:
+        try:
+            ledger.reserve("acme", "u", one, pure, f"n{admitted + 1}")
+        except BudgetExhaustedError:
+            break
+        admitted += 1
+    assert admitted == 3
+    account = ledger.account("acme", "u")
+    assert (account.spent_micro, account.spend_units) == (10 * MICRO, 10 * MICRO)
+    assert account.accountant == "pure-sequential"
+    ledger.close()
+
+
+def test_an_account_only_an_older_replica_kept_is_not_read_as_rho(
+    ledger_url: tuple[str, str],
+) -> None:
+    """Spend from before schema 3 is pure epsilon, though no accountant is recorded for it: a
+    tenant now on zCDP gets 409 for that user until a new period, never its micro-epsilon
+    read as micro-rho (epsilon 10 spent would count as rho 10, not 12.5)."""
+    from service.ledger import AccountantChangedError
+
+    ledger = open_ledger(*ledger_url)
+    _as_a_replica_before_schema_3_debits(ledger, "v", 10 * MICRO)
+    with ledger.transaction() as cur:  # as the schema-3 upgrade fills it in
+        ledger._execute(cur, "UPDATE sentdp_accounts SET spend_units = spent_micro")
+    rho = Policy(1, 40 * MICRO, "zcdp")
+    assert ledger.account("acme", "v", rho).accountant == "pure-sequential"
+    with pytest.raises(AccountantChangedError, match="pure-sequential"):
+        ledger.reserve("acme", "v", Charge("deepcandidate", MICRO, 1), rho, "r1")
+    ledger.new_period("acme", "v")
+    ledger.reserve("acme", "v", Charge("deepcandidate", MICRO, 1), rho, "r2")
+    assert ledger.account("acme", "v").accountant == "zcdp-sequential"
+    ledger.close()
