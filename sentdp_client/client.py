@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 RETRY_CODES = frozenset({"tenant_busy", "idempotency_key_in_flight", "body_timeout"})
-CHARGE_STANDS = frozenset({"worker_response_lost", "mechanism_failed"})
+CHARGE_STANDS = frozenset({"worker_response_lost", "mechanism_failed", "reply_not_kept"})
 """Failures after the mechanism may have run: the charge is final, a retry is a new charge."""
 
 
@@ -84,7 +84,9 @@ class UnavailableError(SentDPError):
 
 class OutcomeUnknownError(SentDPError):
     """The documents may have been sampled, so the charge stands: sentdp's 502
-    worker_response_lost or 500 mechanism_failed, or a proxy's 502/504 after every retry.
+    worker_response_lost or 500 mechanism_failed, or a proxy's 502/504 after every retry; or
+    410 reply_not_kept: the request was served and charged, but the server did not keep its
+    reply for retries (the tenant's bound on stored replies), so a retry cannot recover it.
     Retrying with ``idempotency_key`` replays the stored answer at no charge; a new key is a
     new charge."""
 

@@ -48,6 +48,7 @@ from service.ledger import (
     Replay,
     Reservation,
     SqlLedger,
+    StoredReplies,
 )
 from service.logs import log_event, logger
 from service.metrics import metric
@@ -631,12 +632,26 @@ class Charging:
                 stored.body if stored else None,
                 stored.status if stored else 200,
                 request.request_id,
+                self._kept_replies(),
                 must_run=True,
             )
         except Exception:
             logger.exception("ledger settle failed (request %s)", request.request_id)
             return False
         return True
+
+    def _kept_replies(self) -> StoredReplies | None:
+        """The bound on a tenant's stored replies, and the stand-in kept past it."""
+        limit = self.limits.tenant_stored_reply_bytes
+        if limit is None:
+            return None
+        stand_in = ApiError(
+            Code.REPLY_NOT_KEPT,
+            "this request was served and charged, but its reply was not kept for retries: "
+            f"the tenant's stored replies reached their limit ({limit} bytes, "
+            "SENTDP_TENANT_STORED_REPLY_BYTES; each is kept 24 hours); the charge stands",
+        )
+        return StoredReplies(limit, stand_in.json(), stand_in.status)
 
     async def _ledger(
         self,

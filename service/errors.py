@@ -37,6 +37,7 @@ class Code(StrEnum):
     ACCOUNTANT_CHANGED = "accountant_changed"
     MECHANISM_FAILED = "mechanism_failed"
     WORKER_RESPONSE_LOST = "worker_response_lost"
+    REPLY_NOT_KEPT = "reply_not_kept"
     WORKER_UNAVAILABLE = "worker_unavailable"
     LEDGER_UNAVAILABLE = "ledger_unavailable"
 
@@ -63,6 +64,7 @@ STATUS: dict[Code, HTTPStatus] = {
     Code.ACCOUNTANT_CHANGED: HTTPStatus.CONFLICT,
     Code.MECHANISM_FAILED: HTTPStatus.INTERNAL_SERVER_ERROR,
     Code.WORKER_RESPONSE_LOST: HTTPStatus.BAD_GATEWAY,
+    Code.REPLY_NOT_KEPT: HTTPStatus.GONE,
     Code.WORKER_UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,
     Code.LEDGER_UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,
 }

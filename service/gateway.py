@@ -120,6 +120,7 @@ class Gateway:
             self.settings.tenant_checks,
             self.settings.tenant_checks_waiting,
             self.settings.tenant_inflight_requests,
+            self.settings.tenant_stored_reply_bytes,
         )
         counter = TokenCounter(bundle.encoder_dir, int(bundle.manifest.encoder["max_tokens"]))
         signer = load_signer(self.settings.idempotency_secret_file, self.ledger)

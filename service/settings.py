@@ -102,6 +102,12 @@ class ServiceSettings(BaseSettings):
     Bounds the memory a tenant's queued requests hold. At least ``max_body_bytes`` plus
     that overhead; unset: 8 requests of the largest size (32 MiB and 128 KiB)."""
     max_json_depth: int = Field(default=32, ge=4)
+    tenant_stored_reply_bytes: int = Field(default=2**30, ge=0)
+    """Bytes of one tenant's replies the ledger keeps for Idempotency-Key retries, in every
+    replica together (about 8.5 KB per document at 384 dimensions). A reply that would pass
+    it is kept as a short 410 ``reply_not_kept`` instead: the request is served and charged
+    as always, and a retry of its key is told the reply was not kept (it never pays twice).
+    Bounds the disk one tenant's replies take in the shared ledger for 24 h."""
     idempotency_pending_seconds: float = Field(default=300.0, gt=0)
     """A request unfinished after this long is abandoned; its key can then be reused."""
     device: str | None = None

@@ -38,6 +38,9 @@ class Limits:
     """A tenant's requests that may wait to be checked; more is refused with 429."""
     tenant_inflight_requests: int = 64
     """Requests one tenant may have in flight in this process, however small."""
+    tenant_stored_reply_bytes: int | None = None
+    """Bytes of one tenant's replies the ledger keeps for Idempotency-Key retries (None: no
+    bound); a reply past it is kept as a short ``reply_not_kept`` stand-in."""
 
 
 def finite_epsilon(epsilon: float) -> float:

@@ -19,6 +19,7 @@ from service.ledger.types import (
     LedgerError,
     Replay,
     Reservation,
+    StoredReplies,
 )
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "Replay",
     "Reservation",
     "SqlLedger",
+    "StoredReplies",
     "open_ledger",
 ]
 

@@ -2,22 +2,25 @@
 
 Compatibility promise (``sentdp_meta.schema_version``): columns are never removed and never
 change meaning; new columns are nullable or have defaults, so an older sentdp keeps working
-on a newer database. Version 4 added when each account's automatic period ends
-(``period_ends``, Unix seconds): a period runs to the end of the window it opened in, so a
-tenant that changes ``period_days`` renews nobody early (``period_window``, the window's
-index under the period length of the time, is still written for older replicas, and read
-for accounts from before version 4). Version 3 added per-document and zCDP accounting: an
-account's spend in its accountant's units (``spend_units``, filled from ``spent_micro`` for
-older rows), which accountant kept it, its automatic period, each charge's units and
-document id, and the per-document spends (``sentdp_documents``). Version 2 added
-``sentdp_idempotency.status`` (the stored response's HTTP status) and
-``sentdp_idempotency.request_id`` (the request that owns the key), an index for purging
-expired idempotency rows, and moved the body-HMAC secret out of the database.
+on a newer database. Version 5 added the bytes of each stored reply
+(``sentdp_idempotency.response_bytes``) and their sum per tenant
+(``sentdp_stored_replies``), kept in the transactions that store and delete replies, so one
+tenant's stored replies can be bounded (replies an older sentdp stores are not counted).
+Version 4 added when each account's automatic period ends (``period_ends``, Unix seconds): a
+period runs to the end of the window it opened in, so a tenant that changes ``period_days``
+renews nobody early (``period_window``, the window's index under the period length of the
+time, is still written for older replicas, and read for accounts from before version 4).
+Version 3 added per-document and zCDP accounting: an account's spend in its accountant's
+units (``spend_units``, filled from ``spent_micro`` for older rows), which accountant kept
+it, its automatic period, each charge's units and document id, and the per-document spends
+(``sentdp_documents``). Version 2 added ``sentdp_idempotency.status`` (the stored response's
+HTTP status) and ``sentdp_idempotency.request_id`` (the request that owns the key), an index
+for purging expired idempotency rows, and moved the body-HMAC secret out of the database.
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def create_tables(autoincrement: str) -> list[str]:
@@ -57,6 +60,9 @@ def create_tables(autoincrement: str) -> list[str]:
             response TEXT,
             created_at DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (tenant, user_id, key))""",
+        """CREATE TABLE IF NOT EXISTS sentdp_stored_replies (
+            tenant TEXT PRIMARY KEY,
+            bytes BIGINT NOT NULL DEFAULT 0)""",
     ]
 
 
@@ -69,6 +75,7 @@ ADDED_COLUMNS = [
     ("sentdp_charges", "units", "BIGINT"),
     ("sentdp_charges", "document_id", "TEXT"),
     ("sentdp_accounts", "period_ends", "BIGINT"),
+    ("sentdp_idempotency", "response_bytes", "BIGINT"),
 ]
 """Columns added after version 1: (table, column, type); all nullable."""
 

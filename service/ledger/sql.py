@@ -22,6 +22,7 @@ import logging
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -45,6 +46,7 @@ from service.ledger.types import (
     IdempotencyMismatchError,
     Replay,
     Reservation,
+    StoredReplies,
 )
 
 PURGE_INTERVAL_SECONDS = 60.0
@@ -60,6 +62,14 @@ _OWNED_KEY = (
     "(CAST(:rid AS TEXT) IS NULL OR request_id IS NULL OR request_id = :rid)"
 )
 """An idempotency row, if the request ``:rid`` still owns it (any owner when ``:rid`` is null)."""
+_COUNT_STORED = (
+    "INSERT INTO sentdp_stored_replies (tenant, bytes) VALUES (:t, :b) "
+    "ON CONFLICT (tenant) DO UPDATE SET bytes = CASE "
+    "WHEN sentdp_stored_replies.bytes + excluded.bytes > 0 "
+    "THEN sentdp_stored_replies.bytes + excluded.bytes ELSE 0 END"
+)
+"""Add ``:b`` (negative: a deletion) to the bytes of ``:t``'s stored replies (never below 0:
+replies an older sentdp stored were never counted)."""
 
 
 class SqlLedger(abc.ABC):
@@ -204,8 +214,21 @@ class SqlLedger(abc.ABC):
                     "SELECT tenant, user_id, key FROM sentdp_idempotency WHERE created_at < :c "
                     "ORDER BY created_at LIMIT :n)"
                 )
-            deleted = self._execute(cur, sql, {"c": cutoff, "n": limit}).rowcount
-        return max(int(deleted), 0)
+            deleted = self._execute(
+                cur, sql + " RETURNING tenant, response_bytes", {"c": cutoff, "n": limit}
+            ).fetchall()
+            freed: Counter[str] = Counter()
+            for tenant, size in deleted:
+                freed[str(tenant)] += int(size or 0)
+            for tenant, size in sorted(freed.items()):
+                if size:
+                    self._execute(cur, _COUNT_STORED, {"t": tenant, "b": -size})
+        return len(deleted)
+
+    def stored_reply_bytes(self, tenant: str) -> int:
+        """Bytes of ``tenant``'s stored replies (those this sentdp version counted)."""
+        with self.transaction() as cur:
+            return self._stored_bytes(cur, tenant)
 
     def _purge_now_and_then(self, now: float) -> None:
         """Once a minute, one chunk of expired rows; while chunks come back full, the next
@@ -307,11 +330,14 @@ class SqlLedger(abc.ABC):
                 if state == "done":
                     return Replay(str(response), int(status) if status is not None else 200)
                 raise IdempotencyInFlightError
-            self._execute(
+            freed = self._execute(
                 cur,
-                "DELETE FROM sentdp_idempotency WHERE tenant = :t AND user_id = :u AND key = :k",
+                "DELETE FROM sentdp_idempotency WHERE tenant = :t AND user_id = :u AND key = :k "
+                "RETURNING response_bytes",
                 params,
-            )
+            ).fetchone()
+            if freed is not None and freed[0]:
+                self._execute(cur, _COUNT_STORED, {"t": tenant, "b": -int(freed[0])})
         inserted = self._execute(
             cur,
             "INSERT INTO sentdp_idempotency "
@@ -334,13 +360,16 @@ class SqlLedger(abc.ABC):
         response: str | None = None,
         status: int = 200,
         request_id: str | None = None,
+        kept: StoredReplies | None = None,
     ) -> Account:
         """Finalise and refund charges, and store or release the idempotency key, atomically.
 
         Only charges still ``reserved`` move; a refund returns exactly what was debited.
         With ``response`` (and its HTTP ``status``) the key is marked done and later retries
         replay it; without, the key is released for a retry. With ``request_id``, only a key
-        this request still owns is touched (another request may have taken it over).
+        this request still owns is touched (another request may have taken it over). With
+        ``kept``, a reply that would take the tenant's stored replies past ``kept.limit``
+        bytes is stored as ``kept.instead`` (the key stays done: a retry never pays twice).
         """
         now = time.time()
         with self.transaction() as cur:
@@ -382,6 +411,8 @@ class SqlLedger(abc.ABC):
                 if row is not None:
                     spend.credit(self, cur, tenant, user, tuple(row))
             if idempotency is not None:
+                if response is not None and kept is not None:
+                    response, status = kept.reply(self._stored_bytes(cur, tenant), response, status)
                 self._store_key(cur, tenant, user, idempotency.key, response, status, request_id)
             return self._account(cur, tenant, user)
 
@@ -397,14 +428,23 @@ class SqlLedger(abc.ABC):
     ) -> None:
         params = {"t": tenant, "u": user, "k": key, "rid": request_id}
         if response is not None:
-            self._execute(
+            size = len(response.encode())
+            stored = self._execute(
                 cur,
-                "UPDATE sentdp_idempotency SET state = 'done', response = :r, status = :s "  # noqa: S608 (constants)
-                + _OWNED_KEY,
-                params | {"r": response, "s": status},
-            )
+                "UPDATE sentdp_idempotency SET state = 'done', response = :r, status = :s, "  # noqa: S608 (constants)
+                "response_bytes = :b " + _OWNED_KEY,
+                params | {"r": response, "s": status, "b": size},
+            ).rowcount
+            if stored > 0:
+                self._execute(cur, _COUNT_STORED, {"t": tenant, "b": size})
         else:
             self._execute(cur, "DELETE FROM sentdp_idempotency " + _OWNED_KEY, params)  # noqa: S608 (constants)
+
+    def _stored_bytes(self, cur: Any, tenant: str) -> int:
+        row = self._execute(
+            cur, "SELECT bytes FROM sentdp_stored_replies WHERE tenant = :t", {"t": tenant}
+        ).fetchone()
+        return 0 if row is None else int(row[0])
 
     def record_period_ends(self, tenant: str, policy: Policy, now: float) -> int:
         """Give accounts of ``tenant`` whose period has no recorded end (written before

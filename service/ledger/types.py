@@ -97,3 +97,20 @@ class IdempotencyInFlightError(LedgerError):
 
 class IdempotencyMismatchError(LedgerError):
     """The key was used before with a different request body."""
+
+
+@dataclass(frozen=True)
+class StoredReplies:
+    """A bound on the bytes of one tenant's stored replies (one tenant must not fill the
+    ledger's disk for all), and what is stored instead of a reply that would pass it."""
+
+    limit: int
+    instead: str
+    """A short reply to store in its place (the key stays done, so a retry never pays twice)."""
+    instead_status: int
+
+    def reply(self, stored: int, response: str, status: int) -> tuple[str, int]:
+        """``(response, status)`` if it fits beside ``stored`` bytes, else the stand-in."""
+        if stored + len(response.encode()) <= self.limit:
+            return response, status
+        return self.instead, self.instead_status

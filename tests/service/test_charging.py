@@ -9,6 +9,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -439,6 +440,30 @@ def test_a_retry_with_the_same_key_replays_without_a_second_charge(ledger: SqlLe
     other, body = run(flow, request(idempotency_key="k", epsilon=3.0))
     assert (other.status, body["error"]["code"]) == (422, "idempotency_key_reused")
     assert run(flow, request(idempotency_key="k", user="bob"))[0].status == 200  # per user
+
+
+def test_past_the_stored_reply_bound_a_request_is_served_and_its_retry_told_so(
+    ledger: SqlLedger,
+) -> None:
+    """A tenant whose stored replies reached SENTDP_TENANT_STORED_REPLY_BYTES is still served
+    and charged; a retry of a key whose reply was not kept gets 410 ``reply_not_kept`` at no
+    charge, and the worker never runs for it."""
+    worker = FakeWorker(BUNDLE)
+    flow = charging(ledger, worker)
+    flow.limits = replace(flow.limits, tenant_stored_reply_bytes=1)
+    served, body = run(flow, request(idempotency_key="k"))
+    assert served.status == 200
+    assert len(body["documents"]) == 1
+    again, again_body = run(flow, request(idempotency_key="k"))
+    assert (again.status, again.replayed) == (410, True)
+    assert again_body["error"]["code"] == "reply_not_kept"
+    assert "SENTDP_TENANT_STORED_REPLY_BYTES" in again_body["error"]["message"]
+    assert TEXT.split()[1] not in again.body
+    assert worker.calls == 1
+    assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
+    flow.limits = replace(flow.limits, tenant_stored_reply_bytes=10**6)
+    kept, _ = run(flow, request(idempotency_key="k2"))
+    assert run(flow, request(idempotency_key="k2"))[0].body == kept.body
 
 
 def test_a_concurrent_duplicate_gets_409(ledger: SqlLedger) -> None:

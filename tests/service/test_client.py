@@ -120,6 +120,28 @@ def test_connection_failures_408_and_429_are_retried_with_one_key() -> None:
     assert keys[0] == release.idempotency_key
 
 
+def test_a_reply_that_was_not_kept_is_raised_as_charged_and_not_retried() -> None:
+    """410 reply_not_kept (the replay of a served request whose reply the server did not
+    keep): the charge stands, so the client raises OutcomeUnknownError after one attempt."""
+    calls: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.headers.get("idempotency-key"))
+        gone = {"error": {"code": "reply_not_kept", "message": "served and charged"}}
+        return httpx.Response(410, json=gone, headers={"Idempotent-Replayed": "true"})
+
+    transport = httpx.MockTransport(handler)
+    sentdp = Client("http://sentdp", "key", backoff=0.0, transport=transport)
+    with sentdp, pytest.raises(OutcomeUnknownError) as gone:
+        sentdp.privatize("u", 1.0, ["A. B."], idempotency_key="lost-1")
+    assert (gone.value.status, gone.value.code, gone.value.idempotency_key) == (
+        410,
+        "reply_not_kept",
+        "lost-1",
+    )
+    assert calls == ["lost-1"]
+
+
 def test_a_retry_waits_at_least_what_the_server_asks(monkeypatch: pytest.MonkeyPatch) -> None:
     """429 with ``Retry-After: 1`` (sentdp's tenant_busy): the client waits 1 s, not its
     shorter backoff; a longer backoff stands; an absurd header is cut to 60 s, and one that

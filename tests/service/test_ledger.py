@@ -19,6 +19,7 @@ from service.ledger import (
     Replay,
     Reservation,
     SqlLedger,
+    StoredReplies,
     open_ledger,
 )
 
@@ -232,7 +233,7 @@ def test_a_version_1_database_is_upgraded_in_place(ledger_url: tuple[str, str]) 
             cur, "SELECT value FROM sentdp_meta WHERE key = 'schema_version'"
         ).fetchone()[0]
         assert "status" in upgraded._columns(cur, "sentdp_idempotency")
-    assert version == "4"
+    assert version == "5"
     upgraded_account = upgraded.account("acme", "alice")
     assert (upgraded_account.spent_micro, upgraded_account.spend_units) == (MICRO, MICRO)
     assert [c["units"] for c in upgraded.charges()] == [MICRO]
@@ -270,6 +271,50 @@ def test_expired_idempotency_rows_are_purged(ledger: SqlLedger) -> None:
         left = ledger._execute(cur, "SELECT COUNT(*) FROM sentdp_idempotency").fetchone()[0]
     assert left == 0
     assert ledger.account("acme", "alice").spent_micro == 2 * MICRO  # charges are kept
+
+
+def test_stored_replies_are_counted_per_tenant_and_freed_when_they_go(ledger: SqlLedger) -> None:
+    """Each tenant's stored reply bytes: added when a reply is stored, taken off when its row
+    is purged or an expired key is taken over; refunded requests store nothing."""
+    a, b = IdempotencyKey("a", "h"), IdempotencyKey("b", "h")
+    first = reserve(ledger, idempotency=a)
+    ledger.settle("acme", "alice", first.charge_ids, [], a, '{"reply": "é"}')  # 15 bytes
+    second = reserve(ledger, "bob", idempotency=b)
+    ledger.settle("acme", "bob", second.charge_ids, [], b, "x" * 100)
+    other = ledger.reserve("zenith", "alice", ONE, POLICY, "z", idempotency=a)
+    ledger.settle("zenith", "alice", other.charge_ids, [], a, "y" * 40)
+    refunded = reserve(ledger, idempotency=IdempotencyKey("c", "h"))
+    ledger.settle("acme", "alice", [], refunded.charge_ids, IdempotencyKey("c", "h"), None)
+    assert (ledger.stored_reply_bytes("acme"), ledger.stored_reply_bytes("zenith")) == (115, 40)
+    age_pending_keys(ledger, IDEMPOTENCY_TTL_SECONDS + 60)
+    taken_over = reserve(ledger, idempotency=a)  # the expired key's reply goes with it
+    assert ledger.stored_reply_bytes("acme") == 100
+    assert ledger.purge_expired() == 2  # bob's and zenith's; alice's key is fresh again
+    assert (ledger.stored_reply_bytes("acme"), ledger.stored_reply_bytes("zenith")) == (0, 0)
+    ledger.settle("acme", "alice", taken_over.charge_ids, [], a, "z" * 7)
+    assert ledger.stored_reply_bytes("acme") == 7
+
+
+def test_a_reply_past_the_tenants_bound_is_kept_as_its_stand_in(ledger: SqlLedger) -> None:
+    """Past ``StoredReplies.limit`` a reply is stored as the stand-in: its key stays done (a
+    retry replays the stand-in and is never charged again), the charges stay final, and
+    another tenant's replies are kept whole."""
+    kept = StoredReplies(limit=150, instead='{"error": "not kept"}', instead_status=410)
+    keys = [IdempotencyKey(f"k{n}", "h") for n in range(3)]
+    for key in keys:
+        reserved = reserve(ledger, idempotency=key)
+        ledger.settle(
+            "acme", "alice", reserved.charge_ids, [], key, "r" * 100, 200, "req", kept=kept
+        )
+    zenith = ledger.reserve("zenith", "alice", ONE, POLICY, "z", idempotency=keys[0])
+    ledger.settle("zenith", "alice", zenith.charge_ids, [], keys[0], "r" * 100, kept=kept)
+    replays = [ledger.reserve("acme", "alice", ONE, POLICY, "req", key) for key in keys]
+    assert replays[0] == Replay("r" * 100)
+    assert replays[1:] == [Replay('{"error": "not kept"}', 410)] * 2
+    assert ledger.stored_reply_bytes("acme") == 100 + 2 * len('{"error": "not kept"}')
+    assert ledger.reserve("zenith", "alice", ONE, POLICY, "z", keys[0]) == Replay("r" * 100)
+    assert ledger.account("acme", "alice").spent_micro == 3 * MICRO
+    assert [c["state"] for c in ledger.charges("acme")] == ["final"] * 3
 
 
 def test_expired_keys_are_purged_a_chunk_per_reservation(
