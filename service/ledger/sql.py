@@ -63,13 +63,14 @@ _OWNED_KEY = (
 )
 """An idempotency row, if the request ``:rid`` still owns it (any owner when ``:rid`` is null)."""
 _COUNT_STORED = (
-    "INSERT INTO sentdp_stored_replies (tenant, bytes) VALUES (:t, :b) "
+    "INSERT INTO sentdp_stored_replies (tenant, bytes) "
+    "VALUES (:t, CASE WHEN :b > 0 THEN :b ELSE 0 END) "
     "ON CONFLICT (tenant) DO UPDATE SET bytes = CASE "
-    "WHEN sentdp_stored_replies.bytes + excluded.bytes > 0 "
-    "THEN sentdp_stored_replies.bytes + excluded.bytes ELSE 0 END"
+    "WHEN sentdp_stored_replies.bytes + :b > 0 THEN sentdp_stored_replies.bytes + :b ELSE 0 END"
 )
 """Add ``:b`` (negative: a deletion) to the bytes of ``:t``'s stored replies (never below 0:
-replies an older sentdp stored were never counted)."""
+replies an older sentdp stored were never counted). Every transaction takes this tenant-wide
+row last, after the key and the user's account, so none waits for another in a cycle."""
 
 
 class SqlLedger(abc.ABC):
@@ -279,9 +280,10 @@ class SqlLedger(abc.ABC):
         now = time.time()
         self._purge_now_and_then(now)
         params = {"t": tenant, "u": user}
+        freed = 0
         with self.transaction() as cur:
             if idempotency is not None:
-                replay = self._claim_key(cur, tenant, user, idempotency, now, request_id)
+                replay, freed = self._claim_key(cur, tenant, user, idempotency, now, request_id)
                 if replay is not None:
                     return replay
             before = spend.prepare(self, cur, tenant, user, policy, now)
@@ -307,14 +309,19 @@ class SqlLedger(abc.ABC):
                     },
                 ).fetchone()
                 ids.append(int(inserted[0]))
+            if freed:  # last, as in a settlement: the tenant's counter is locked after the user
+                self._execute(cur, _COUNT_STORED, {"t": tenant, "b": -freed})
         return Reservation(ids, account)
 
     def _claim_key(
         self, cur: Any, tenant: str, user: str, key: IdempotencyKey, now: float, request_id: str
-    ) -> Replay | None:
+    ) -> tuple[Replay | None, int]:
         """Claim the key for ``request_id``, or find its stored response. Only an expired key
-        may change body; an abandoned one (pending too long) is taken over by the same body."""
+        may change body; an abandoned one (pending too long) is taken over by the same body.
+        Also returns the bytes of a stored reply the claim deleted (its tenant's count is
+        lowered at the end of the reservation)."""
         params = {"t": tenant, "u": user, "k": key.key}
+        freed = 0
         select = (
             "SELECT body_hmac, state, response, created_at, status FROM sentdp_idempotency "
             "WHERE tenant = :t AND user_id = :u AND key = :k"
@@ -328,16 +335,16 @@ class SqlLedger(abc.ABC):
                 raise IdempotencyMismatchError
             if not (expired or abandoned):
                 if state == "done":
-                    return Replay(str(response), int(status) if status is not None else 200)
+                    replay = Replay(str(response), int(status) if status is not None else 200)
+                    return replay, 0
                 raise IdempotencyInFlightError
-            freed = self._execute(
+            deleted = self._execute(
                 cur,
                 "DELETE FROM sentdp_idempotency WHERE tenant = :t AND user_id = :u AND key = :k "
                 "RETURNING response_bytes",
                 params,
             ).fetchone()
-            if freed is not None and freed[0]:
-                self._execute(cur, _COUNT_STORED, {"t": tenant, "b": -int(freed[0])})
+            freed = int(deleted[0] or 0) if deleted is not None else 0
         inserted = self._execute(
             cur,
             "INSERT INTO sentdp_idempotency "
@@ -348,7 +355,7 @@ class SqlLedger(abc.ABC):
         ).fetchone()
         if inserted is None:  # a concurrent request inserted it first
             raise IdempotencyInFlightError
-        return None
+        return None, freed
 
     def settle(
         self,
