@@ -173,7 +173,7 @@ class Gateway:
         ``record_period_ends``). Best effort: the ledger stays correct without it."""
         for tenant in self.tenants.registry().tenants():
             try:
-                self.ledger.record_period_ends(tenant.id, tenant.policy, time.time())
+                self.ledger.record_period_ends(tenant.id, tenant.policy)
             except Exception:
                 logging.getLogger("sentdp.service").exception(
                     "could not record period ends for a tenant; they stay as before"

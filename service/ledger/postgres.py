@@ -58,6 +58,10 @@ class PostgresLedger(SqlLedger):
     def _lock_clause(self) -> str:
         return " FOR UPDATE"
 
+    def _database_now(self, cur: Any) -> float | None:
+        cur.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())")
+        return float(cur.fetchone()[0])
+
     def _lost(self, conn: Any) -> bool:
         return bool(conn.closed or conn.broken)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
+import math
 import re
 import threading
 import time
@@ -87,7 +88,7 @@ class SqlLedger(abc.ABC):
         self._local = threading.local()
         self._connections: list[Any] = []
         self._lock = threading.Lock()
-        self._last_purge = 0.0
+        self._last_purge = -math.inf
 
     # --- backend hooks -------------------------------------------------------------------
     @abc.abstractmethod
@@ -101,6 +102,17 @@ class SqlLedger(abc.ABC):
 
     def _lock_clause(self) -> str:
         return ""
+
+    def _database_now(self, cur: Any) -> float | None:
+        """The database server's clock (Unix seconds), or None to use this process's."""
+        return None
+
+    def _now(self, cur: Any) -> float:
+        """The time every decision of a transaction is made at: the database's clock where
+        replicas share one (so no replica's skewed clock abandons another's key early, or
+        opens a period early), else this process's."""
+        database = self._database_now(cur)
+        return time.time() if database is None else database
 
     def _lost(self, conn: Any) -> bool:
         """Whether the server dropped this connection (it must be replaced)."""
@@ -205,8 +217,8 @@ class SqlLedger(abc.ABC):
     def purge_expired(self, now: float | None = None, limit: int | None = None) -> int:
         """Delete idempotency rows older than their window, the oldest ``limit`` of them
         (all by default); returns how many went."""
-        cutoff = (time.time() if now is None else now) - IDEMPOTENCY_TTL_SECONDS
         with self.transaction() as cur:
+            cutoff = (self._now(cur) if now is None else now) - IDEMPOTENCY_TTL_SECONDS
             if limit is None:
                 sql = "DELETE FROM sentdp_idempotency WHERE created_at < :c"
             else:
@@ -239,7 +251,7 @@ class SqlLedger(abc.ABC):
                 return
             self._last_purge = now
         try:
-            deleted = self.purge_expired(now, PURGE_CHUNK_ROWS)
+            deleted = self.purge_expired(limit=PURGE_CHUNK_ROWS)
         except Exception:  # housekeeping: the request it rides on must not fail for it
             logging.getLogger("sentdp.service").warning(
                 "purging expired idempotency rows failed; the next purge retries",
@@ -248,7 +260,7 @@ class SqlLedger(abc.ABC):
             return
         if deleted >= PURGE_CHUNK_ROWS:  # more are left
             with self._lock:
-                self._last_purge = 0.0
+                self._last_purge = -math.inf
 
     # --- the ledger's operations ---------------------------------------------------------
     def account(self, tenant: str, user: str, policy: Policy | None = None) -> Account:
@@ -257,7 +269,7 @@ class SqlLedger(abc.ABC):
         with self.transaction() as cur:
             if policy is None:
                 return self._account(cur, tenant, user)
-            return spend.view_account(self, cur, tenant, user, policy, time.time())
+            return spend.view_account(self, cur, tenant, user, policy, self._now(cur))
 
     def _account(self, cur: Any, tenant: str, user: str) -> Account:
         return spend.read_account(self, cur, tenant, user)
@@ -277,11 +289,11 @@ class SqlLedger(abc.ABC):
         :class:`IdempotencyInFlightError` or :class:`IdempotencyMismatchError`; on any of them
         nothing is written.
         """
-        now = time.time()
-        self._purge_now_and_then(now)
+        self._purge_now_and_then(time.monotonic())
         params = {"t": tenant, "u": user}
         freed = 0
         with self.transaction() as cur:
+            now = self._now(cur)
             if idempotency is not None:
                 replay, freed = self._claim_key(cur, tenant, user, idempotency, now, request_id)
                 if replay is not None:
@@ -378,8 +390,8 @@ class SqlLedger(abc.ABC):
         ``kept``, a reply that would take the tenant's stored replies past ``kept.limit``
         bytes is stored as ``kept.instead`` (the key stays done: a retry never pays twice).
         """
-        now = time.time()
         with self.transaction() as cur:
+            now = self._now(cur)
             # Rows are locked in the order a reservation locks them (the key, the account,
             # then document rows), or a refund and a reservation of the same user could each
             # hold what the other waits for (PostgreSQL; SQLite runs one writer at a time).
@@ -453,17 +465,19 @@ class SqlLedger(abc.ABC):
         ).fetchone()
         return 0 if row is None else int(row[0])
 
-    def record_period_ends(self, tenant: str, policy: Policy, now: float) -> int:
+    def record_period_ends(self, tenant: str, policy: Policy, now: float | None = None) -> int:
         """Give accounts of ``tenant`` whose period has no recorded end (written before
         schema 4, or by an older sentdp) and opened in the window ``now`` falls in under
         ``policy`` (the tenant's period length now) that window's end; returns how many
         (none without automatic renewal). Idempotent; run at every start-up. Accounts of
         earlier windows are left to renew at their next request: their index may be in
-        units of another length, and an end computed from it could lie centuries away."""
-        window, end = policy.window(now), policy.window_end(now)
-        if window is None:
-            return 0
+        units of another length, and an end computed from it could lie centuries away.
+        ``now`` defaults to the ledger's clock."""
         with self.transaction() as cur:
+            now = self._now(cur) if now is None else now
+            window, end = policy.window(now), policy.window_end(now)
+            if window is None:
+                return 0
             updated = self._execute(
                 cur,
                 "UPDATE sentdp_accounts SET period_ends = :e WHERE tenant = :t "

@@ -10,7 +10,6 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import pytest
 
@@ -129,7 +128,7 @@ def test_the_ledger_keeps_each_accountant_exactly(
     ledger_url: tuple[str, str], accounting: str, composition: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [1_000 * DAY + 5.0]
-    monkeypatch.setattr(ledger_sql, "time", SimpleNamespace(time=lambda: clock[0]))
+    monkeypatch.setattr(ledger_sql.SqlLedger, "_now", lambda self, cur: clock[0])
     ledger = open_ledger(*ledger_url)
     limit = 12 * MICRO if accounting == "pure" else MICRO  # a few releases each way
     for seed, period in ((1, None), (2, DAY)):
@@ -192,7 +191,7 @@ def test_concurrent_first_requests_of_a_window_renew_once(
     from concurrent.futures import ThreadPoolExecutor
 
     clock = [100 * DAY + 1.0]
-    monkeypatch.setattr(ledger_sql, "time", SimpleNamespace(time=lambda: clock[0]))
+    monkeypatch.setattr(ledger_sql.SqlLedger, "_now", lambda self, cur: clock[0])
     ledger = open_ledger(*ledger_url)
     policy = Policy(1, 100 * MICRO, period_seconds=DAY)
     ledger.reserve("acme", "w", Charge("deepcandidate", MICRO, 1), policy, "first")
@@ -235,7 +234,7 @@ WEEK = 7 * DAY
 
 def _clocked(monkeypatch: pytest.MonkeyPatch, start: float) -> list[float]:
     clock = [start]
-    monkeypatch.setattr(ledger_sql, "time", SimpleNamespace(time=lambda: clock[0]))
+    monkeypatch.setattr(ledger_sql.SqlLedger, "_now", lambda self, cur: clock[0])
     return clock
 
 
@@ -348,7 +347,7 @@ def test_a_renewal_racing_a_debit_waits_for_it_so_a_refund_credits_the_right_per
 
     ledger = open_ledger(*ledger_url)
     clock = threading.local()
-    monkeypatch.setattr(ledger_sql, "time", SimpleNamespace(time=lambda: clock.now))
+    monkeypatch.setattr(ledger_sql.SqlLedger, "_now", lambda self, cur: clock.now)
     policy = Policy(1, 10 * MICRO, composition=PER_DOCUMENT, period_seconds=WEEK)
 
     def x(releases: int = 1) -> Charge:

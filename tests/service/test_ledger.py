@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -337,7 +338,7 @@ def test_expired_keys_are_purged_a_chunk_per_reservation(
         return sorted(row[0] for row in rows)
 
     assert len(keys()) == 8
-    ledger._last_purge = 0.0  # a minute later
+    ledger._last_purge = -math.inf  # a minute later
     left = []
     for n in range(4):
         reserve(ledger, f"later-{n}")
@@ -442,6 +443,40 @@ def test_a_dropped_postgres_connection_is_replaced_without_a_double_charge(
     reserve(ledger)  # BEGIN fails on the dead connection; one retry on a new one
     assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
     assert len(ledger.charges()) == 2
+    ledger.close()
+
+
+@pytest.mark.postgres
+def test_replicas_on_postgresql_decide_on_the_databases_clock(
+    ledger_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica whose own clock runs ahead (here by 400 s, past a 300 s pending window, and
+    past the end of the current day's budget period) still finds another replica's key in
+    flight, and opens no period early: every time the ledger decides by is the server's."""
+    from types import SimpleNamespace
+
+    from service.ledger import sql as ledger_sql
+
+    url, schema = ledger_url
+    if not url.startswith("postgres"):
+        pytest.skip("PostgreSQL only: SQLite's replicas share one machine's clock")
+    ledger = open_ledger(url, schema)
+    daily = Policy(1, 2 * MICRO, period_seconds=86_400)
+    key = IdempotencyKey("k", "h")
+    ledger.reserve("acme", "alice", ONE, daily, "first", key)  # still running
+    ledger.reserve("acme", "alice", ONE, daily, "second")  # the day's budget is spent
+    real = time.time
+    day_ends = (real() // 86_400 + 1) * 86_400
+    ahead = max(400.0, day_ends - real() + 60)
+    monkeypatch.setattr(
+        ledger_sql, "time", SimpleNamespace(time=lambda: real() + ahead, monotonic=time.monotonic)
+    )
+    with pytest.raises(IdempotencyInFlightError):
+        ledger.reserve("acme", "alice", ONE, daily, "skewed", key)
+    with pytest.raises(BudgetExhaustedError):
+        ledger.reserve("acme", "alice", ONE, daily, "skewed-2")
+    assert ledger.account("acme", "alice", daily).period == 0
+    assert ledger.purge_expired() == 0
     ledger.close()
 
 
