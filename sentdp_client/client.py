@@ -13,9 +13,10 @@ body. Each is safe under one key: the server
 replays a finished request (a failure after sampling included), answers 409 while it runs
 and frees the key only when nothing was sampled. Not retried: sentdp's own
 500 ``mechanism_failed`` and 502 ``worker_response_lost`` (replaying them would only return
-them again; the charge stands) and every 4xx that a retry cannot fix. Every exception carries
-the request's ``idempotency_key``: retry later with it to get the stored answer, never pay
-twice.
+them again; the charge stands), 410 ``reply_not_kept`` (the request ran, but the server
+kept no copy of its reply for retries: the tenant's bound on stored replies) and every 4xx
+that a retry cannot fix. Every exception carries the request's ``idempotency_key``: retry
+later with it to get the stored answer (a ``reply_not_kept`` one excepted), never pay twice.
 """
 
 from __future__ import annotations

@@ -647,9 +647,9 @@ class Charging:
             return None
         stand_in = ApiError(
             Code.REPLY_NOT_KEPT,
-            "this request was served and charged, but its reply was not kept for retries: "
-            f"the tenant's stored replies reached their limit ({limit} bytes, "
-            "SENTDP_TENANT_STORED_REPLY_BYTES; each is kept 24 hours); the charge stands",
+            "this request ran and whatever it charged stands (see /budget), but its reply was "
+            f"not kept for retries: the tenant's stored replies reached their limit ({limit} "
+            "bytes, SENTDP_TENANT_STORED_REPLY_BYTES; each is kept 24 hours)",
         )
         return StoredReplies(limit, stand_in.json(), stand_in.status)
 

@@ -107,7 +107,9 @@ class ServiceSettings(BaseSettings):
     replica together (about 8.5 KB per document at 384 dimensions). A reply that would pass
     it is kept as a short 410 ``reply_not_kept`` instead: the request is served and charged
     as always, and a retry of its key is told the reply was not kept (it never pays twice).
-    Bounds the disk one tenant's replies take in the shared ledger for 24 h."""
+    Bounds the bytes of one tenant's replies in the shared ledger (soft: replies being stored
+    at once may each pass it by one reply), not its rows: keys, stand-ins and charge rows still
+    grow with its requests."""
     idempotency_pending_seconds: float = Field(default=300.0, gt=0)
     """A request unfinished after this long is abandoned; its key can then be reused."""
     device: str | None = None

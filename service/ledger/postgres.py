@@ -55,6 +55,9 @@ class PostgresLedger(SqlLedger):
     def _serialise_schema_changes(self, cur: Any) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._schema_lock_key(),))
 
+    def _lock_table(self, cur: Any, table: str) -> None:
+        cur.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+
     def _lock_clause(self) -> str:
         return " FOR UPDATE"
 

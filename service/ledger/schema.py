@@ -86,6 +86,14 @@ UPGRADES = [
 ]
 """Idempotent statements that fill added columns of older rows."""
 
+RECOUNT_STORED_REPLIES = [
+    "DELETE FROM sentdp_stored_replies",
+    "INSERT INTO sentdp_stored_replies (tenant, bytes) "
+    "SELECT tenant, SUM(COALESCE(response_bytes, 0)) FROM sentdp_idempotency GROUP BY tenant",
+]
+"""Every tenant's stored-reply bytes counted again from the rows (at each start): an older
+sentdp that purged or took over counted rows never lowered the count."""
+
 INDEXES = [
     "CREATE INDEX IF NOT EXISTS sentdp_idempotency_created ON sentdp_idempotency (created_at)",
 ]

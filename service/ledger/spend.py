@@ -41,10 +41,14 @@ _PURE_SEQUENTIAL = f"{PURE}-{SEQUENTIAL}"
 _CATCH_UP = (
     # Only pure sequential units are spent_micro's: a per-document account's spent_micro (its
     # documents' sum) is legitimately above its largest document's spend. No accountant with
-    # a spend is an account only a replica from before schema 3 has written to.
-    "UPDATE sentdp_accounts SET accountant = :acc, spend_units = CASE "
-    "WHEN spent_micro > COALESCE(spend_units, 0) THEN spent_micro ELSE spend_units END "
-    "WHERE tenant = :t AND user_id = :u AND ((accountant IS NULL AND spent_micro > 0) "
+    # a spend, or no spend_units at all, is an account only a replica from before schema 3
+    # has written to (with no spend_units, every debit's admission would be NULL: refused).
+    "UPDATE sentdp_accounts SET "
+    "accountant = CASE WHEN spent_micro > 0 THEN :acc ELSE accountant END, "
+    "spend_units = CASE WHEN spent_micro > COALESCE(spend_units, 0) THEN spent_micro "
+    "ELSE COALESCE(spend_units, 0) END "
+    "WHERE tenant = :t AND user_id = :u AND ("
+    "(accountant IS NULL AND (spent_micro > 0 OR spend_units IS NULL)) "
     "OR (accountant = :acc AND spent_micro > COALESCE(spend_units, 0)))"
 )
 _OPEN_WINDOW = (
@@ -144,12 +148,14 @@ def prepare(
         "ON CONFLICT (tenant, user_id) DO NOTHING",
         {"t": tenant, "u": user},
     )
-    ledger._execute(cur, _CATCH_UP, {"t": tenant, "u": user, "acc": _PURE_SEQUENTIAL})
     # Locked until commit (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises): a
     # request that renews the period meanwhile would otherwise commit between this read and
     # the debit, which would then go to the old period's document rows and the new period's
     # charge rows, and a refund of it would credit the new period.
     account, clock = _read(ledger, cur, tenant, user, lock=True)
+    # After the lock: run before it, an older replica's uncommitted debit would leave this
+    # conditional UPDATE's snapshot unmatched, and the debit below would admit past B.
+    ledger._execute(cur, _CATCH_UP, {"t": tenant, "u": user, "acc": _PURE_SEQUENTIAL})
     current, end = policy.window(now), policy.window_end(now)
     if current is not None and (clock.ends is None or clock.ends <= now):
         params = {"w": current, "e": end, "t": tenant, "u": user, "now": int(now)}

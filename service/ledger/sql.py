@@ -34,6 +34,7 @@ from service.ledger.schema import (
     ADDED_COLUMNS,
     INDEXES,
     RECORD_VERSION,
+    RECOUNT_STORED_REPLIES,
     SCHEMA_VERSION,
     UPGRADES,
     create_tables,
@@ -194,10 +195,17 @@ class SqlLedger(abc.ABC):
                 self._execute(cur, statement)
             for statement in INDEXES:
                 self._execute(cur, statement)
+            self._lock_table(cur, "sentdp_stored_replies")  # running replicas' settles wait
+            for statement in RECOUNT_STORED_REPLIES:
+                self._execute(cur, statement)
             self._execute(cur, RECORD_VERSION, {"v": str(SCHEMA_VERSION)})
 
     def _serialise_schema_changes(self, cur: Any) -> None:
         """Make replicas that initialise together take turns (SQLite's write lock does)."""
+        return None
+
+    def _lock_table(self, cur: Any, table: str) -> None:
+        """Keep every other writer of ``table`` out until commit (SQLite's write lock does)."""
         return None
 
     def legacy_hmac_secret(self) -> bytes | None:

@@ -556,3 +556,82 @@ def test_an_account_only_an_older_replica_kept_is_not_read_as_rho(
     ledger.reserve("acme", "v", Charge("deepcandidate", MICRO, 1), rho, "r2")
     assert ledger.account("acme", "v").accountant == "zcdp-sequential"
     ledger.close()
+
+
+@pytest.mark.postgres
+def test_an_older_replicas_debit_committing_meanwhile_still_counts(
+    ledger_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL, an older replica's debit that starts after this sentdp's reservation has
+    made sure of the account row, and commits while the reservation waits for the row, still
+    counts: the reservation raises the spend only once it holds the row's lock (a hostile
+    review had spent 11 against B = 10 when the raise ran first: its UPDATE's snapshot saw
+    nothing to raise). SQLite runs one writer at a time, so this cannot interleave there."""
+    url, schema = ledger_url
+    if not url.startswith("postgres"):
+        pytest.skip("PostgreSQL only: SQLite serialises the two transactions")
+    ledger, older = open_ledger(url, schema), open_ledger(url, schema)
+    pure = Policy(1, 10 * MICRO)
+    one = Charge("deepcandidate", MICRO, 1)
+    for n in range(9):
+        ledger.reserve("acme", "w", one, pure, f"n{n}")
+    inserted, resume = threading.Event(), threading.Event()
+    execute = ledger._execute
+
+    def pausing(cur, sql, params=None):  # type: ignore[no-untyped-def]
+        result = execute(cur, sql, params)
+        if sql.startswith("INSERT INTO sentdp_accounts") and not inserted.is_set():
+            inserted.set()
+            resume.wait(30)
+        return result
+
+    monkeypatch.setattr(ledger, "_execute", pausing)
+    outcome: list[object] = []
+
+    def reserve_meanwhile() -> None:
+        try:
+            outcome.append(ledger.reserve("acme", "w", one, pure, "meanwhile"))
+        except Exception as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=reserve_meanwhile)
+    thread.start()
+    assert inserted.wait(30)
+    with older.transaction() as cur:
+        older._execute(
+            cur,
+            "UPDATE sentdp_accounts SET spent_micro = spent_micro + :m, documents = documents + 1 "
+            "WHERE tenant = 'acme' AND user_id = 'w'",
+            {"m": MICRO},
+        )
+        resume.set()
+        time.sleep(0.5)  # the reservation goes on, and waits for the older replica's row
+    thread.join(30)
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], BudgetExhaustedError), outcome
+    account = ledger.account("acme", "w")
+    assert (account.spent_micro, account.spend_units) == (10 * MICRO, 10 * MICRO)
+    ledger.close()
+    older.close()
+
+
+def test_an_account_an_older_replica_created_without_spend_is_served(
+    ledger_url: tuple[str, str],
+) -> None:
+    """An older replica's account row has no spend_units (NULL); with nothing spent, every
+    accountant still admits its requests (a NULL spend made every admission NULL: 402 with
+    nothing spent)."""
+    ledger = open_ledger(*ledger_url)
+    with ledger.transaction() as cur:
+        for user in ("p", "d"):
+            ledger._execute(
+                cur,
+                "INSERT INTO sentdp_accounts (tenant, user_id) VALUES ('acme', :u)",
+                {"u": user},
+            )
+    ledger.reserve("acme", "p", Charge("deepcandidate", MICRO, 1), Policy(1, 10 * MICRO), "r1")
+    per_document = Policy(1, 10 * MICRO, composition=PER_DOCUMENT)
+    ledger.reserve("acme", "d", Charge("deepcandidate", MICRO, 1, ("x",)), per_document, "r2")
+    assert ledger.account("acme", "p").spend_units == MICRO
+    assert ledger.account("acme", "d").spend_units == MICRO
+    ledger.close()

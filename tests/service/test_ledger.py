@@ -290,10 +290,28 @@ def test_stored_replies_are_counted_per_tenant_and_freed_when_they_go(ledger: Sq
     age_pending_keys(ledger, IDEMPOTENCY_TTL_SECONDS + 60)
     taken_over = reserve(ledger, idempotency=a)  # the expired key's reply goes with it
     assert ledger.stored_reply_bytes("acme") == 100
-    assert ledger.purge_expired() == 2  # bob's and zenith's; alice's key is fresh again
+    assert ledger.purge_expired(limit=1) == 1  # bob's (the oldest), in a chunk
+    assert ledger.stored_reply_bytes("acme") == 0
+    assert ledger.purge_expired() == 1  # zenith's; alice's key is fresh again
     assert (ledger.stored_reply_bytes("acme"), ledger.stored_reply_bytes("zenith")) == (0, 0)
     ledger.settle("acme", "alice", taken_over.charge_ids, [], a, "z" * 7)
     assert ledger.stored_reply_bytes("acme") == 7
+
+
+def test_stored_reply_bytes_are_counted_again_at_start_up(ledger_url: tuple[str, str]) -> None:
+    """A count an older replica left too high (it purged counted rows without lowering it)
+    or too low is set from the rows when a replica starts."""
+    ledger = open_ledger(*ledger_url)
+    key = IdempotencyKey("a", "h")
+    reserved = reserve(ledger, idempotency=key)
+    ledger.settle("acme", "alice", reserved.charge_ids, [], key, "x" * 30)
+    with ledger.transaction() as cur:
+        ledger._execute(cur, "UPDATE sentdp_stored_replies SET bytes = 2000")
+        ledger._execute(cur, "INSERT INTO sentdp_stored_replies VALUES ('gone', 500)")
+    ledger.close()
+    again = open_ledger(*ledger_url)
+    assert (again.stored_reply_bytes("acme"), again.stored_reply_bytes("gone")) == (30, 0)
+    again.close()
 
 
 def test_a_reply_past_the_tenants_bound_is_kept_as_its_stand_in(ledger: SqlLedger) -> None:
