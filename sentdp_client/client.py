@@ -65,6 +65,15 @@ class BudgetExhaustedError(SentDPError):
         value = self.details.get("remaining")
         return None if value is None else float(value)
 
+    @property
+    def remaining_epsilon(self) -> float | None:
+        """The largest epsilon one more release of this user may have (``remaining`` is in
+        the tenant's budget units: group epsilon by default, so g times this). Under the
+        default accountant a request is admitted when its ``requested`` total is at most
+        this."""
+        value = self.details.get("remaining_epsilon")
+        return None if value is None else float(value)
+
 
 class AuthenticationError(SentDPError):
     """401: the API key is missing, unknown or revoked."""

@@ -126,14 +126,22 @@ def main(argv: list[str] | None = None) -> None:
         removed = revoke_keys(settings.tenants_file, args.tenant, None if args.all else key)
         print(f"revoked {removed} key(s) of tenant {args.tenant}", file=sys.stderr)
         return
+    _refuse_a_missing_ledger(settings.ledger_url)
+    known = None
+    if args.command != "purge":
+        known = {t.id: t for t in _read(settings.tenants_file).tenants}.get(args.tenant)
+        if known is None:
+            raise SystemExit(
+                f"sentdp-admin: no tenant {args.tenant!r} in {settings.tenants_file} "
+                f"({WHERE_THE_SERVER_KEEPS_IT})"
+            )
     ledger = open_ledger(settings.ledger_url, settings.ledger_schema)
     if args.command == "purge":
         print(json.dumps({"purged_idempotency_rows": ledger.purge_expired()}))
         return
     if args.command == "new-period":
         account = ledger.new_period(args.tenant, args.user)
-    else:  # as the tenant's next request will find it, if the tenants file knows the tenant
-        known = {t.id: t for t in _read(settings.tenants_file).tenants}.get(args.tenant)
+    else:  # as the tenant's next request will find it
         account = ledger.account(args.tenant, args.user, known.policy if known else None)
     print(
         json.dumps(
@@ -146,6 +154,21 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
     )
+
+
+WHERE_THE_SERVER_KEEPS_IT = (
+    "sentdp-admin reads the server's SENTDP_LEDGER_URL and SENTDP_TENANTS_FILE, or "
+    "SENTDP_STATE_DIR for both; for the server of `bash .ci/serve`: SENTDP_STATE_DIR=.sentdp"
+)
+
+
+def _refuse_a_missing_ledger(url: str) -> None:
+    """An SQLite ledger file that does not exist is the wrong ledger, not an empty one:
+    opening it would create it and report every user as unspent."""
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///") :])
+        if not path.is_file():
+            raise SystemExit(f"sentdp-admin: no ledger at {path} ({WHERE_THE_SERVER_KEEPS_IT})")
 
 
 def new_tenant_key(args: argparse.Namespace, tenants_file: Path) -> None:

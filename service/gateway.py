@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from pathlib import Path
@@ -161,9 +162,12 @@ class Gateway:
             if tenant is None:
                 return self._error(ctx, unauthorized())
             try:
-                return await self.charging.read(tenant.id, self.lookups.labels, model, candidates)
+                found = await self.charging.read(tenant.id, self.lookups.labels, model, candidates)
             except ApiError as error:
                 return self._error(ctx, error)
+            body = json.dumps(found.model_dump(mode="json", exclude_none=True))
+            reply: Any = self._respond(ctx, Reply(200, body))  # no null fields, as /privatize's
+            return reply
         if candidates is not None or user is None or epsilon is None:
             return self._error(ctx, classify_forms_error())
         return await self._charged(ctx, user, epsilon, documents, with_labels=True)

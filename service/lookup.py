@@ -45,21 +45,28 @@ class Lookups:
         self._loading: dict[str, threading.Lock] = {}
 
     def labels(self, model: str, candidates: list[int]) -> ClassifyResponse:
-        """The labels of ``candidates`` in ``model`` (blocking: call off the event loop)."""
-        bundle = self.bundle(model)
+        """The labels of ``candidates`` in ``model`` (blocking: call off the event loop), under
+        the version ``model`` names (an alias such as ``:latest`` answers with the version it
+        stands for now)."""
+        version, bundle = self.version(model)
         labels: list[CandidateLabel] = []
         for candidate in candidates:
             try:
                 labels.append(label_of(bundle, candidate))
             except InputError as error:
-                raise ApiError(Code.INVALID_CANDIDATE, f"model {model}: {error}") from None
-        return ClassifyResponse(model=model, labels=labels)
+                raise ApiError(Code.INVALID_CANDIDATE, f"model {version}: {error}") from None
+        return ClassifyResponse(model=version, labels=labels)
 
     def bundle(self, model: str) -> Bundle:
         """The bundle of a stored version of the served model; 404 for anything else."""
+        return self.version(model)[1]
+
+    def version(self, model: str) -> tuple[str, Bundle]:
+        """``(name:version, bundle)`` of a stored version of the served model (an alias
+        resolved); 404 for anything else."""
         with self._lock:
             if model in self._bundles:
-                return self._bundles[model]
+                return model, self._bundles[model]
         unknown = ApiError(
             Code.UNKNOWN_MODEL,
             "no such model version here: send the 'model' of a response of this server",
@@ -76,14 +83,14 @@ class Lookups:
         resolved = f"{name}:{version}"  # an alias such as ':latest' resolves each time
         with self._lock:
             if resolved in self._bundles:
-                return self._bundles[resolved]
+                return resolved, self._bundles[resolved]
             loading = self._loading.setdefault(resolved, threading.Lock())
         with loading:  # one load per version; lookups of other versions go on meanwhile
             with self._lock:
                 if resolved in self._bundles:
-                    return self._bundles[resolved]
+                    return resolved, self._bundles[resolved]
             bundle = Bundle.load(path)
             with self._lock:
                 self._bundles[resolved] = bundle
                 self._loading.pop(resolved, None)
-            return bundle
+            return resolved, bundle

@@ -71,6 +71,7 @@ def exhausted_error(refused: BudgetExhaustedError) -> ApiError:
         group_size=view.group_size,
         limit=view.limit,
         remaining=view.remaining,
+        remaining_epsilon=view.remaining_epsilon,
     )
 
 

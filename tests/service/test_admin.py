@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from service.admin import main
+from service.ledger import open_ledger
 from service.tenants import TenantRegistry, TenantSource
 
 
@@ -72,10 +73,30 @@ def test_a_running_source_sees_a_revocation_after_its_interval(
 
 
 def test_purge_reports_what_it_deleted(
-    tenants_file: Path, capsys: pytest.CaptureFixture[str]
+    tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}").close()
     main(["purge"])
     assert json.loads(capsys.readouterr().out) == {"purged_idempotency_rows": 0}
+
+
+def test_budget_names_what_is_missing_instead_of_reporting_nothing_spent(
+    tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run without the server's variables, sentdp-admin would read (and create) another
+    ledger and report every user as unspent: it refuses a missing SQLite ledger and a tenant
+    its tenants file does not know, and says where the server's are."""
+    new_key("acme", capsys)
+    who = ["--tenant", "acme", "--user", "u"]
+    for command in (["budget", *who], ["new-period", *who], ["purge"]):
+        with pytest.raises(SystemExit, match=r"no ledger at .*SENTDP_STATE_DIR=\.sentdp"):
+            main(command)
+    assert not (tmp_path / "ledger.sqlite3").exists()
+    open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}").close()
+    with pytest.raises(SystemExit, match=r"no tenant 'nobody' in .*tenants\.json"):
+        main(["budget", "--tenant", "nobody", "--user", "u"])
+    main(["budget", "--tenant", "acme", "--user", "u"])
+    assert json.loads(capsys.readouterr().out)["spent_epsilon"] == 0.0
 
 
 def test_a_tenant_can_be_created_with_its_accountant(

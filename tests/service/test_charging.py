@@ -309,7 +309,8 @@ def test_an_unaffordable_request_is_refused_whole_with_the_figures(ledger: SqlLe
         "spent_epsilon": 4.0,
         "group_size": 2,
         "limit": 10.0,
-        "remaining": 2.0,
+        "remaining": 2.0,  # in the tenant's units: group epsilon
+        "remaining_epsilon": 1.0,  # what this user may still request: comparable to requested
     }
     assert ledger.account("pairs", "alice").spent_micro == 4 * MICRO
     assert len(ledger.charges()) == 1  # nothing of the refused request was written

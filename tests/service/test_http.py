@@ -110,6 +110,9 @@ def test_classify_labels_as_the_bundle_s_table_says_and_lookup_is_free(server, b
             )
             assert lookup.status_code == 200, lookup.text
             assert lookup.json()["labels"][0]["label"] == document["label"]
+            # the version the charged reply named (an alias resolved), and no null fields
+            assert lookup.json()["model"] == classified.json()["model"]
+            assert set(lookup.json()) == {"model", "labels"}
             budget = http.post("/budget", json={"user": f"c-user-{choice.epsilon:g}"}).json()
         assert budget["spent_epsilon"] == choice.epsilon  # the lookup cost nothing
 

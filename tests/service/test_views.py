@@ -63,6 +63,7 @@ def test_the_402_names_the_request_and_the_remainder() -> None:
     assert error.status == 402
     body = json.loads(error.json())["error"]
     assert (body["requested"], body["remaining"], body["group_size"]) == (2.0, 2.0, 2)
+    assert body["remaining_epsilon"] == 1.0  # what may still be requested, against 2.0
     assert "only 1 remains" in body["message"]
 
 
@@ -102,7 +103,7 @@ def test_lookups_answer_only_for_versions_of_the_served_model(tmp_path: Path) ->
 
     lookups = Lookups(BUNDLE, "sentdp-unit:v1", load)
     assert lookups.labels("sentdp-unit:v1", [0, 41]).labels[1].candidate == 41
-    assert lookups.labels("sentdp-unit:latest", [1]).model == "sentdp-unit:latest"
+    assert lookups.labels("sentdp-unit:latest", [1]).model == "sentdp-unit:v2"  # the version
     assert lookups.bundle("sentdp-unit:v2") is lookups.bundle("sentdp-unit:latest")
     for unknown in ("other-model:v1", "missing:v9", "Sentdp-unit:v2", "sentdp-unit:V2", "::"):
         with pytest.raises(ApiError) as refused:
