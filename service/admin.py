@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sentdp.accounting import to_epsilon
-from service.ledger import open_ledger
+from service.ledger import LedgerMissingError, open_ledger
 from service.settings import load_settings
 from service.tenants import Tenant, TenantsFile, hash_key, new_key, write_private
 
@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--key-file", type=Path, help="a file holding the API key to revoke")
     which.add_argument("--all", action="store_true", help="revoke every key of the tenant")
     commands.add_parser("purge", help="delete expired idempotency rows now")
+    commands.add_parser(
+        "recount-replies",
+        help="count each tenant's stored reply bytes again (after a rolling upgrade from "
+        "schema 4, once no older replica is left)",
+    )
     for name in ("budget", "new-period"):
         sub = commands.add_parser(name)
         sub.add_argument("--tenant", required=True)
@@ -126,18 +131,24 @@ def main(argv: list[str] | None = None) -> None:
         removed = revoke_keys(settings.tenants_file, args.tenant, None if args.all else key)
         print(f"revoked {removed} key(s) of tenant {args.tenant}", file=sys.stderr)
         return
-    _refuse_a_missing_ledger(settings.ledger_url)
     known = None
-    if args.command != "purge":
+    if args.command not in ("purge", "recount-replies"):
         known = {t.id: t for t in _read(settings.tenants_file).tenants}.get(args.tenant)
         if known is None:
             raise SystemExit(
                 f"sentdp-admin: no tenant {args.tenant!r} in {settings.tenants_file} "
                 f"({WHERE_THE_SERVER_KEEPS_IT})"
             )
-    ledger = open_ledger(settings.ledger_url, settings.ledger_schema)
+    try:  # a ledger that is not there is the wrong one, not an empty one
+        ledger = open_ledger(settings.ledger_url, settings.ledger_schema, create=False)
+    except LedgerMissingError as missing:
+        raise SystemExit(f"sentdp-admin: {missing} ({WHERE_THE_SERVER_KEEPS_IT})") from None
     if args.command == "purge":
         print(json.dumps({"purged_idempotency_rows": ledger.purge_expired()}))
+        return
+    if args.command == "recount-replies":
+        ledger.recount_stored_replies()
+        print(json.dumps({"recounted": True}))
         return
     if args.command == "new-period":
         account = ledger.new_period(args.tenant, args.user)
@@ -157,18 +168,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 WHERE_THE_SERVER_KEEPS_IT = (
-    "sentdp-admin reads the server's SENTDP_LEDGER_URL and SENTDP_TENANTS_FILE, or "
-    "SENTDP_STATE_DIR for both; for the server of `bash .ci/serve`: SENTDP_STATE_DIR=.sentdp"
+    "sentdp-admin reads the server's SENTDP_LEDGER_URL, SENTDP_LEDGER_SCHEMA and "
+    "SENTDP_TENANTS_FILE, or SENTDP_STATE_DIR for the SQLite ledger and tenants file; for the "
+    "server of `bash .ci/serve`: SENTDP_STATE_DIR=.sentdp"
 )
-
-
-def _refuse_a_missing_ledger(url: str) -> None:
-    """An SQLite ledger file that does not exist is the wrong ledger, not an empty one:
-    opening it would create it and report every user as unspent."""
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///") :])
-        if not path.is_file():
-            raise SystemExit(f"sentdp-admin: no ledger at {path} ({WHERE_THE_SERVER_KEEPS_IT})")
 
 
 def new_tenant_key(args: argparse.Namespace, tenants_file: Path) -> None:

@@ -534,9 +534,11 @@ class Charging:
         # A call still running when the key's pending window ends could see a retry take the
         # key over and sample again: it ends first (the window counts from the reservation,
         # after the arrival), as an unknown outcome (charged).
-        given_up = request.arrived + self.ledger.pending_timeout * WORKER_CALL_SHARE
+        # On the monotonic clock: a step of the wall clock must not let the call outlive the
+        # window (the ledger measures it on its own clock, the database's on PostgreSQL).
+        given_up = request.arrived_monotonic + self.ledger.pending_timeout * WORKER_CALL_SHARE
         try:
-            async with asyncio.timeout(max(0.0, given_up - time.time())):
+            async with asyncio.timeout(max(0.0, given_up - time.monotonic())):
                 results = await self.worker(work)
         except TimeoutError as late:
             logger.error("worker call given up (request %s)", request.request_id)

@@ -31,6 +31,7 @@ __all__ = [
     "IdempotencyKey",
     "IdempotencyMismatchError",
     "LedgerError",
+    "LedgerMissingError",
     "Replay",
     "Reservation",
     "SqlLedger",
@@ -39,8 +40,15 @@ __all__ = [
 ]
 
 
-def open_ledger(url: str, schema: str = "public", pending_timeout: float = 300.0) -> SqlLedger:
-    """A ledger from a URL, initialised.
+class LedgerMissingError(ValueError):
+    """``open_ledger(..., create=False)`` found no ledger where the URL points."""
+
+
+def open_ledger(
+    url: str, schema: str = "public", pending_timeout: float = 300.0, create: bool = True
+) -> SqlLedger:
+    """A ledger from a URL, initialised (created if absent, unless ``create`` is False:
+    then :class:`LedgerMissingError`, and nothing is created).
 
     ``sqlite:///relative/file.db`` or ``sqlite:////absolute/file.db`` (SQLAlchemy's
     convention), or ``postgresql://user@host:port/database``.
@@ -51,12 +59,17 @@ def open_ledger(url: str, schema: str = "public", pending_timeout: float = 300.0
         if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
             raise ValueError(f"the SQLite ledger URL needs a file path: {url!r}")
         path = url[len("sqlite:///") :]
+        if not create and not Path(path).is_file():
+            raise LedgerMissingError(f"no ledger at {path}")
         from service.ledger.sqlite import SqliteLedger
 
         ledger = SqliteLedger(Path(path), pending_timeout=pending_timeout)
     elif parsed.scheme in {"postgresql", "postgres"}:
-        from service.ledger.postgres import PostgresLedger
+        from service.ledger.postgres import PostgresLedger, holds_a_ledger
 
+        if not create and not holds_a_ledger(url, schema):
+            database = parsed.path.lstrip("/") or "(default)"
+            raise LedgerMissingError(f"no ledger in schema {schema} of database {database}")
         ledger = PostgresLedger(url, schema=schema, pending_timeout=pending_timeout)
     else:
         raise ValueError(f"unsupported ledger URL {url!r}: use sqlite:///path or postgresql://")

@@ -18,6 +18,20 @@ from service.ledger.sql import SqlLedger, to_named_pyformat
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
+def holds_a_ledger(url: str, schema: str) -> bool:
+    """Whether ``schema`` holds a sentdp ledger (its ``sentdp_meta`` table), looked up
+    without creating anything."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT 1 FROM information_schema.tables "
+            "WHERE table_schema = %s AND table_name = 'sentdp_meta'",
+            (schema,),
+        ).fetchone()
+    return found is not None
+
+
 class PostgresLedger(SqlLedger):
     autoincrement = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
 

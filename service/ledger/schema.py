@@ -86,13 +86,18 @@ UPGRADES = [
 ]
 """Idempotent statements that fill added columns of older rows."""
 
+STORED_REPLIES_COUNTED_SINCE = 5
+"""The schema version from which stored replies are counted: a ledger upgraded from an
+earlier one is counted once, from its rows."""
+
 RECOUNT_STORED_REPLIES = [
     "DELETE FROM sentdp_stored_replies",
     "INSERT INTO sentdp_stored_replies (tenant, bytes) "
     "SELECT tenant, SUM(COALESCE(response_bytes, 0)) FROM sentdp_idempotency GROUP BY tenant",
 ]
-"""Every tenant's stored-reply bytes counted again from the rows (at each start): an older
-sentdp that purged or took over counted rows never lowered the count."""
+"""Every tenant's stored-reply bytes counted again from the rows (when a ledger is upgraded
+to schema 5, and by ``sentdp-admin recount-replies``): an older sentdp that purged or took
+over counted rows never lowered the count."""
 
 INDEXES = [
     "CREATE INDEX IF NOT EXISTS sentdp_idempotency_created ON sentdp_idempotency (created_at)",

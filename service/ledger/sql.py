@@ -36,6 +36,7 @@ from service.ledger.schema import (
     RECORD_VERSION,
     RECOUNT_STORED_REPLIES,
     SCHEMA_VERSION,
+    STORED_REPLIES_COUNTED_SINCE,
     UPGRADES,
     create_tables,
 )
@@ -195,10 +196,24 @@ class SqlLedger(abc.ABC):
                 self._execute(cur, statement)
             for statement in INDEXES:
                 self._execute(cur, statement)
-            self._lock_table(cur, "sentdp_stored_replies")  # running replicas' settles wait
-            for statement in RECOUNT_STORED_REPLIES:
-                self._execute(cur, statement)
+            recorded = self._execute(
+                cur, "SELECT value FROM sentdp_meta WHERE key = 'schema_version'"
+            ).fetchone()
+            if recorded is None or int(recorded[0]) < STORED_REPLIES_COUNTED_SINCE:
+                self._recount_stored_replies(cur)  # replies stored before were never counted
             self._execute(cur, RECORD_VERSION, {"v": str(SCHEMA_VERSION)})
+
+    def recount_stored_replies(self) -> None:
+        """Count every tenant's stored reply bytes again from the rows: a replica from before
+        schema 5 that purged or took over counted rows never lowered the count (run once no
+        such replica is left; every writer of the count waits meanwhile)."""
+        with self.transaction() as cur:
+            self._recount_stored_replies(cur)
+
+    def _recount_stored_replies(self, cur: Any) -> None:
+        self._lock_table(cur, "sentdp_stored_replies")  # running replicas' settles wait
+        for statement in RECOUNT_STORED_REPLIES:
+            self._execute(cur, statement)
 
     def _serialise_schema_changes(self, cur: Any) -> None:
         """Make replicas that initialise together take turns (SQLite's write lock does)."""

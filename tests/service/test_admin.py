@@ -114,3 +114,35 @@ def test_a_tenant_can_be_created_with_its_accountant(
     )
     with pytest.raises(SystemExit, match="delta is required"):
         main(["new-key", "--tenant", "bad", "--accounting", "zcdp"])
+
+
+@pytest.mark.postgres
+def test_a_postgresql_schema_without_a_ledger_is_refused_and_not_created(
+    ledger_url: tuple[str, str],
+    tenants_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mistyped SENTDP_LEDGER_SCHEMA is refused; the schema is not created (it used to be,
+    with empty tables, and every user read as unspent)."""
+    import psycopg
+
+    url, schema = ledger_url
+    if not url.startswith("postgres"):
+        pytest.skip("PostgreSQL only")
+    new_key("acme", capsys)
+    open_ledger(url, schema).close()
+    monkeypatch.setenv("SENTDP_LEDGER_URL", url)
+    monkeypatch.setenv("SENTDP_LEDGER_SCHEMA", f"{schema}_typo")
+    with pytest.raises(SystemExit, match=rf"no ledger in schema {schema}_typo of database"):
+        main(["budget", "--tenant", "acme", "--user", "u"])
+    with psycopg.connect(url, autocommit=True) as conn:
+        made = conn.execute(
+            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (f"{schema}_typo",)
+        ).fetchone()
+    assert made is None
+    monkeypatch.setenv("SENTDP_LEDGER_SCHEMA", schema)
+    main(["budget", "--tenant", "acme", "--user", "u"])
+    assert json.loads(capsys.readouterr().out)["spent_epsilon"] == 0.0
+    main(["recount-replies"])
+    assert json.loads(capsys.readouterr().out) == {"recounted": True}

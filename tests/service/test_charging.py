@@ -1184,6 +1184,25 @@ def test_a_worker_call_ends_before_its_keys_pending_window_does(ledger: SqlLedge
     assert calls == [1]
 
 
+def test_a_wall_clock_step_does_not_move_the_worker_calls_end(ledger: SqlLedger) -> None:
+    """The worker call's end counts from the arrival on the monotonic clock: when the wall
+    clock steps back after the arrival (here the arrival reads 1 s ahead of now), the call is
+    still given up at 1.8 s of a 2 s pending window, not at 2.8 s, after the key's window
+    (a retry could then take the key over and sample again)."""
+    ledger.pending_timeout = 2.0
+
+    async def never_answers(work: WorkRequest) -> list:  # type: ignore[type-arg]
+        await asyncio.Event().wait()
+        return []
+
+    flow = charging(ledger, never_answers)  # type: ignore[arg-type]
+    stepped = request(arrived=time.time() + 1.0)
+    reply = asyncio.run(flow.handle(stepped))
+    seconds = time.monotonic() - stepped.arrived_monotonic
+    assert (reply.status, reply.code) == (502, "worker_response_lost")
+    assert 1.0 < seconds < 2.0
+
+
 def test_an_abandoned_reservations_refund_leaves_a_key_another_request_took_over(
     ledger: SqlLedger,
 ) -> None:

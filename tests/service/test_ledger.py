@@ -298,20 +298,38 @@ def test_stored_replies_are_counted_per_tenant_and_freed_when_they_go(ledger: Sq
     assert ledger.stored_reply_bytes("acme") == 7
 
 
-def test_stored_reply_bytes_are_counted_again_at_start_up(ledger_url: tuple[str, str]) -> None:
-    """A count an older replica left too high (it purged counted rows without lowering it)
-    or too low is set from the rows when a replica starts."""
+def test_stored_reply_bytes_are_counted_from_the_rows_on_upgrade_and_on_demand(
+    ledger_url: tuple[str, str],
+) -> None:
+    """Replies stored before schema 5 were never counted, so a ledger upgraded to it is
+    counted once from its rows; a count an older replica left wrong later (it purged counted
+    rows without lowering it) is set again by ``recount_stored_replies``
+    (``sentdp-admin recount-replies``), not by every start (a scan of every key while the
+    count's writers wait)."""
     ledger = open_ledger(*ledger_url)
     key = IdempotencyKey("a", "h")
     reserved = reserve(ledger, idempotency=key)
     ledger.settle("acme", "alice", reserved.charge_ids, [], key, "x" * 30)
-    with ledger.transaction() as cur:
-        ledger._execute(cur, "UPDATE sentdp_stored_replies SET bytes = 2000")
-        ledger._execute(cur, "INSERT INTO sentdp_stored_replies VALUES ('gone', 500)")
-    ledger.close()
-    again = open_ledger(*ledger_url)
-    assert (again.stored_reply_bytes("acme"), again.stored_reply_bytes("gone")) == (30, 0)
-    again.close()
+
+    def miscount() -> None:
+        with ledger.transaction() as cur:
+            ledger._execute(cur, "UPDATE sentdp_stored_replies SET bytes = 2000")
+            ledger._execute(
+                cur, "INSERT INTO sentdp_stored_replies VALUES ('gone', 500) ON CONFLICT DO NOTHING"
+            )
+
+    miscount()
+    with ledger.transaction() as cur:  # as a schema-4 ledger records itself
+        ledger._execute(cur, "UPDATE sentdp_meta SET value = '4' WHERE key = 'schema_version'")
+    upgraded = open_ledger(*ledger_url)
+    assert (upgraded.stored_reply_bytes("acme"), upgraded.stored_reply_bytes("gone")) == (30, 0)
+    miscount()
+    restarted = open_ledger(*ledger_url)
+    assert restarted.stored_reply_bytes("acme") == 2000  # a start does not scan
+    restarted.recount_stored_replies()
+    assert (restarted.stored_reply_bytes("acme"), restarted.stored_reply_bytes("gone")) == (30, 0)
+    for opened in (ledger, upgraded, restarted):
+        opened.close()
 
 
 def test_a_reply_past_the_tenants_bound_is_kept_as_its_stand_in(ledger: SqlLedger) -> None:

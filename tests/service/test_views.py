@@ -53,6 +53,13 @@ def test_a_period_kept_by_the_tenants_old_accountant_shows_nothing_left() -> Non
     assert budget_view(kept, Policy(1, 10 * MICRO)).remaining == 7.0
 
 
+def test_after_a_lowered_budget_nothing_more_may_be_requested() -> None:
+    """A budget lowered below what was spent: ``remaining`` shows the overdraft, and the
+    largest epsilon one more release may have is 0, never negative."""
+    view = budget_view(Account("t", "u", 8 * MICRO, 8, 0, 8 * MICRO), Policy(2, 10 * MICRO))
+    assert (view.remaining, view.remaining_epsilon) == (-6.0, 0.0)
+
+
 def test_the_402_names_the_request_and_the_remainder() -> None:
     refused = BudgetExhaustedError(
         Account("t", "u", 4 * MICRO, 4, 0, 4 * MICRO),
