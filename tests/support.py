@@ -125,7 +125,10 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 300.0) -> Server:
+    def start(self, timeout: float = 300.0, refused: str | None = None) -> Server:
+        """Launch and wait for /readyz; with ``refused``, give up (RuntimeError) as soon as
+        the log says so, instead of waiting out ``timeout`` for a server that never gets
+        ready (a refusing worker is restarted, not exited)."""
         env = {**os.environ, **self.env}
         self.home = private_home(Path(env.get("BENTOML_HOME", Path.home() / "bentoml")))
         env["BENTOML_HOME"] = str(self.home)
@@ -157,6 +160,9 @@ class Server:
                 self.probes.append((None, time.perf_counter() - asked))
             except httpx.HTTPError:
                 pass  # not listening yet
+            if refused is not None and refused in self._logged_since_launch():
+                self.stop()
+                raise RuntimeError(f"bentoml serve refused to start: {self.tail()}")
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"bentoml serve was not ready after {timeout} s: {self.tail()}")
@@ -180,6 +186,13 @@ class Server:
         with open(self.log, "rb") as handle:
             handle.seek(self._log_offset)
             return b"Address already in use" in handle.read()
+
+    def _logged_since_launch(self) -> str:
+        if not (self.log and self.log.is_file()):
+            return ""
+        with self.log.open("rb") as handle:
+            handle.seek(self._log_offset)
+            return handle.read().decode(errors="replace")
 
     def tail(self) -> str:
         if self.log and self.log.is_file():

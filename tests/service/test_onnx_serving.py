@@ -23,14 +23,16 @@ def int8_tag() -> str:
     return run_training(config, load_settings()).tag
 
 
-def serve(tag: str, folder: Path, expected: str, timeout: float = 300.0) -> Server:
+def serve(
+    tag: str, folder: Path, expected: str, timeout: float = 300.0, refused: str | None = None
+) -> Server:
     env = {
         "SENTDP_MODEL": tag,
         "SENTDP_TENANTS_FILE": str(write_tenants(folder / "tenants.json")),
         "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
         "SENTDP_ENCODER_BACKEND": expected,
     }
-    return Server(env, log=folder / "server.log").start(timeout)
+    return Server(env, log=folder / "server.log").start(timeout, refused)
 
 
 def test_an_int8_bundle_serves_without_torch(int8_tag, tmp_path) -> None:
@@ -48,7 +50,8 @@ def test_an_int8_bundle_serves_without_torch(int8_tag, tmp_path) -> None:
 
 
 def test_a_deployment_expecting_torch_refuses_the_int8_bundle(int8_tag, tmp_path) -> None:
-    with pytest.raises(RuntimeError):
-        serve(int8_tag, tmp_path, "torch", timeout=120)
+    refusal = "trained with the onnx-int8 encoder backend and cannot serve with torch"
+    with pytest.raises(RuntimeError, match="refused to start"):
+        serve(int8_tag, tmp_path, "torch", timeout=120, refused=refusal)
     log = (tmp_path / "server.log").read_text(errors="replace")
-    assert "trained with the onnx-int8 encoder backend and cannot serve with torch" in log
+    assert refusal in log
