@@ -533,9 +533,8 @@ class Charging:
         items = work.items
         # A call still running when the key's pending window ends could see a retry take the
         # key over and sample again: it ends first (the window counts from the reservation,
-        # after the arrival), as an unknown outcome (charged).
-        # On the monotonic clock: a step of the wall clock must not let the call outlive the
-        # window (the ledger measures it on its own clock, the database's on PostgreSQL).
+        # after the arrival), as an unknown outcome (charged). Counted on the monotonic
+        # clock, so a step of the wall clock cannot stretch it past the window.
         given_up = request.arrived_monotonic + self.ledger.pending_timeout * WORKER_CALL_SHARE
         try:
             async with asyncio.timeout(max(0.0, given_up - time.monotonic())):

@@ -29,10 +29,11 @@ def budget_view(account: Account, policy: Policy) -> Budget:
     kept_by = account.kept_by_another(policy.name)
     if kept_by is not None:  # its spend is in another accountant's units; requests get 409
         left = 0.0
-    if policy.accounting == PURE:  # none after a lowered budget, whatever ``left`` says
-        next_epsilon = max(left, 0.0) / policy.group_size
+    available = max(left, 0.0)  # none after a lowered budget, whatever ``left`` says
+    if policy.accounting == PURE:
+        next_epsilon = available / policy.group_size
     else:  # the epsilon whose rho = epsilon^2 / 8 fills what is left
-        next_epsilon = math.sqrt(8 * max(left, 0.0)) / policy.group_size
+        next_epsilon = math.sqrt(8 * available) / policy.group_size
     return Budget(
         user=account.user,
         spent_epsilon=spent,

@@ -181,11 +181,7 @@ class Server:
 
     def _lost_port_race(self) -> bool:
         """Whether the launch that just exited failed only because its port was in use."""
-        if not (self.log and self.log.is_file()):
-            return False
-        with open(self.log, "rb") as handle:
-            handle.seek(self._log_offset)
-            return b"Address already in use" in handle.read()
+        return "Address already in use" in self._logged_since_launch()
 
     def _logged_since_launch(self) -> str:
         if not (self.log and self.log.is_file()):
