@@ -13,7 +13,7 @@ Run: ``.venv/bin/python loadtests/bench_service.py [--models TAG ...] [--batchin
    for each bundle at concurrency 1, 8 and 32, one real BBC News test
    document per request: sentences/s, documents/s, p50/p95/p99 latency; "x own" compares
    with sentdp's encoder of the same backend in the worker's mode (one document at a time
-   for concurrency 1);
+   for concurrency 1), measured before and after the servers (the mean is the reference);
 3. where the time goes: mean seconds per request in the gateway, per ledger operation, per
    worker call, and per worker batch (encoding, everything before sampling), from the
    service's own histograms on /metrics, and how many cores each process kept busy (the
@@ -77,12 +77,17 @@ def _rate(encode: Any, sentences: int) -> float:
 
 
 def raw_encoder_rates(
-    documents: list[list[str]], model_dir: Path, backend: str, device: str = "cpu"
+    documents: list[list[str]],
+    model_dir: Path,
+    backend: str,
+    device: str = "cpu",
+    only: set[str] | None = None,
 ) -> dict[str, float]:
     """Sentences/s of sentdp's encoder for ``backend`` in this process: all sentences at once
     (plain length buckets, and fixed-shape batches as the worker uses where the start-up
     check asks for them: on CUDA with deterministic kernels, which then stay on in this
-    process), and one document at a time (the ceiling of concurrency 1)."""
+    process), and one document at a time (the ceiling of concurrency 1). ``only``: these
+    modes ("buckets", "fixed batches") and no others."""
     from sentdp.encoders import open_encoder, use_deterministic_kernels
 
     sentences = [s for doc in documents for s in doc]
@@ -94,6 +99,8 @@ def raw_encoder_rates(
         modes.append(("fixed batches, graphs waited for one by one", True, True, False))
         modes.append(("fixed batches, eager", True, False, True))
     for mode, fixed, graphs, overlap in modes:
+        if only is not None and mode not in only:
+            continue
         rows = settings.fixed_batch_rows(device) if fixed else settings.encoder_rows(device)
         if fixed and cuda:
             use_deterministic_kernels()
@@ -443,12 +450,30 @@ def main() -> None:
                         result["batches"] = (
                             after["worker batch"][1] - before.get("worker batch", (0, 0))[1]
                         )
+                        encoding = after.get("encode", (0, 0))[0] - before.get("encode", (0, 0))[0]
+                        result["encoding share"] = encoding / result["wall"]
                         rows.append((backend, f"{label}, concurrency {concurrency}", result))
                 finally:
                     sampler.running = False
                     sampler.join()
                     peaks[label] = sampler.peak
                     server.stop()
+
+    # The encoder alone again, in each mode a server used: on a shared machine its speed
+    # drifts within a run (by up to a quarter on a shared virtual machine), so "x own" compares
+    # with the mean of the references before and after the servers.
+    encoder_after: dict[str, float] = {}
+    for bundle in bundles.values():
+        used = {
+            "fixed batches" if "fixed" in mode else "buckets"
+            for label, mode in modes.items()
+            if label.startswith(f"{bundle.encoder_backend},")
+        }
+        if used:
+            encoder_after |= raw_encoder_rates(
+                measured, bundle.encoder_dir, bundle.encoder_backend, args.device, used
+            )
+    own_reference = {name: (raw[name] + rate) / 2 for name, rate in encoder_after.items()}
 
     header = ("measurement", "sent/s", "docs/s", "x st", "x own", "p50 s", "p95 s", "p99 s", "fail")
     line = "{:58s} {:>8s} {:>7s} {:>6s} {:>6s} {:>7s} {:>7s} {:>7s} {:>5s}"
@@ -458,7 +483,8 @@ def main() -> None:
     for backend, name, r in rows:
         fixed = "fixed batches" if "fixed" in modes[name.rsplit(",", 1)[0]] else "buckets"
         alone = "one doc at a time" if name.endswith("concurrency 1") else ""
-        own = raw[f"sentdp {backend} encoder, {fixed}" + (f", {alone}" if alone else "")]
+        own_name = f"sentdp {backend} encoder, {fixed}" + (f", {alone}" if alone else "")
+        own = own_reference.get(own_name, raw[own_name])
         print(
             f"{name:58s} {r['sentences_per_s']:8.1f} {r['documents_per_s']:7.2f} "
             f"{r['sentences_per_s'] / reference:6.2f} {r['sentences_per_s'] / own:6.2f} "
@@ -467,12 +493,21 @@ def main() -> None:
         if r["failures"]:
             print(f"    failed requests by status: {r['failure_statuses']}")
     print()
-    print("mean seconds per request (gateway, ledger operation, worker call) and per batch")
+    print('the encoder alone before and after the servers ("x own" compares with the mean)')
+    print("{:58s} {:>8s} {:>8s} {:>8s}".format("measurement", "before", "after", "ratio"))
+    for name, rate in encoder_after.items():
+        print(f"{name:58s} {raw[name]:8.1f} {rate:8.1f} {rate / raw[name]:8.2f}")
+    print()
+    print("mean seconds per request (gateway, ledger operation, worker call) and per batch;")
+    print("share: the part of the run's wall time the worker spent encoding (summed over worker")
+    print("processes; taken at the same moments, so it does not drift with the machine as x own)")
     names = list(BREAKDOWN)
-    print("{:58s} ".format("measurement") + " ".join(f"{n:>12s}" for n in names) + "  batches")
+    print(
+        "{:58s} ".format("measurement") + " ".join(f"{n:>12s}" for n in names) + "  batches   share"
+    )
     for _, name, r in rows:
         cells = " ".join(f"{r['breakdown'].get(n, float('nan')):12.4f}" for n in names)
-        print(f"{name:58s} {cells}  {r['batches']:7.0f}")
+        print(f"{name:58s} {cells}  {r['batches']:7.0f} {r['encoding share']:7.2f}")
     print()
     kinds = ("worker", "gateway", "client", "arbiter", "other")
     print(f"cores busy during each run (of {len(os.sched_getaffinity(0))}), by process")
