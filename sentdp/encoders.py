@@ -36,7 +36,9 @@ from sentdp.errors import InputError
 LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Padded token lengths; a sentence goes to the smallest bucket that holds it."""
 
-MLP_BLOCK_ROWS = 64
+MLP_BLOCK_ROWS = 32
+"""Rows per fixed-shape block of H: a lone document (about 19 sentences) pays for one block,
+half what 64 cost it, while a batch of 250 rows took 4% longer (measured on 384-d H)."""
 FloatArray = npt.NDArray[np.float64]
 
 INVARIANCE_PROBES = (

@@ -11,6 +11,7 @@ import pytest
 from sentdp.encoders import (
     INVARIANCE_PROBES,
     MLP,
+    MLP_BLOCK_ROWS,
     SentenceEncoder,
     batch_invariance_violations,
     encode_once,
@@ -88,6 +89,16 @@ def test_encoder_directory_must_be_a_sentence_transformers_model(tmp_path: Path)
         SentenceEncoder(tmp_path)
 
 
+def scaled_mlp(rng: np.random.Generator, sizes: list[int]) -> MLP:
+    """Random layers scaled by 1/sqrt(width), so that wide activations stay of order one."""
+    return MLP(
+        weights=tuple(
+            rng.standard_normal((a, b)) / np.sqrt(a) for a, b in itertools.pairwise(sizes)
+        ),
+        biases=tuple(rng.standard_normal(b) * 0.1 for b in sizes[1:]),
+    )
+
+
 def random_mlp(rng: np.random.Generator, sizes: list[int]) -> MLP:
     return MLP(
         weights=tuple(rng.standard_normal((a, b)) for a, b in itertools.pairwise(sizes)),
@@ -95,13 +106,20 @@ def random_mlp(rng: np.random.Generator, sizes: list[int]) -> MLP:
     )
 
 
-def test_mlp_rows_do_not_depend_on_the_batch_and_match_a_plain_forward_pass() -> None:
+@pytest.mark.parametrize("sizes", [[6, 6, 6, 6, 3], [384, 384, 384, 384, 384]])
+def test_mlp_rows_do_not_depend_on_the_batch_and_match_a_plain_forward_pass(
+    sizes: list[int],
+) -> None:
     rng = np.random.default_rng(0)
-    mlp = random_mlp(rng, [6, 6, 6, 6, 3])
-    x = rng.standard_normal((150, 6))
+    mlp = scaled_mlp(rng, sizes)
+    x = rng.standard_normal((150, sizes[0]))
     out = mlp(x)
-    for start, count in [(0, 1), (3, 7), (60, 70)]:
+    block = MLP_BLOCK_ROWS
+    # alone, inside one block, across a block's edge, and a block and more from other offsets
+    for start, count in [(0, 1), (3, 7), (block - 1, 2), (60, 70), (5, block + 1), (149, 1)]:
         np.testing.assert_array_equal(mlp(x[start : start + count]), out[start : start + count])
+    for row in range(0, 150, 11):
+        np.testing.assert_array_equal(mlp(x[row : row + 1]), out[row : row + 1])
     h = x
     for i, (w, b) in enumerate(zip(mlp.weights, mlp.biases, strict=True)):
         h = h @ w + b
