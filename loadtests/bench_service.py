@@ -200,6 +200,12 @@ def cpu_seconds(server: Server) -> dict[str, float]:
     return dict(used)
 
 
+def reference_mode(mode: str) -> str:
+    """The in-process encoder mode ("buckets" or "fixed batches") that a worker's encoder
+    mode (:func:`encoder_mode`) is compared with."""
+    return "fixed batches" if "fixed" in mode else "buckets"
+
+
 def encoder_mode(server: Server) -> str:
     """The worker's encoder mode from its start-up log (cpu, cpu-fixed-batch, ...)."""
     for line in (server.log.read_text(errors="replace") if server.log else "").splitlines():
@@ -465,7 +471,7 @@ def main() -> None:
     encoder_after: dict[str, float] = {}
     for bundle in bundles.values():
         used = {
-            "fixed batches" if "fixed" in mode else "buckets"
+            reference_mode(mode)
             for label, mode in modes.items()
             if label.startswith(f"{bundle.encoder_backend},")
         }
@@ -481,7 +487,7 @@ def main() -> None:
     for name, rate in raw.items():
         print(f"{name:58s} {rate:8.1f} {'':>7s} {rate / reference:6.2f}")
     for backend, name, r in rows:
-        fixed = "fixed batches" if "fixed" in modes[name.rsplit(",", 1)[0]] else "buckets"
+        fixed = reference_mode(modes[name.rsplit(",", 1)[0]])
         alone = "one doc at a time" if name.endswith("concurrency 1") else ""
         own_name = f"sentdp {backend} encoder, {fixed}" + (f", {alone}" if alone else "")
         own = own_reference.get(own_name, raw[own_name])
