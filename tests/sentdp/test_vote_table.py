@@ -1,0 +1,128 @@
+"""The data-free table over hard votes: exactly epsilon-SentDP with the floor (every vote
+vector and every replaced sentence, adversarial ones included), a distribution, sharper than
+the exponential mechanism for short documents, within group privacy, and drawn as computed."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from sentdp.errors import InputError, InternalError
+from sentdp.labels import vote_epsilon
+from sentdp.mechanism import DeepCandidate
+from sentdp.sampling import GAMMA
+from sentdp.vote_table import (
+    LONGEST,
+    check,
+    entries,
+    hard_vote_table,
+    histogram,
+    histograms,
+)
+
+
+def _largest_log_ratio(n: int, classes: int, epsilon: float) -> float:
+    """The largest log ratio of the table's probabilities over every vote vector (each
+    sentence's vote for any class) and every replacement of one sentence by any other vote,
+    computed from the probabilities alone, not from the table's own neighbour list."""
+    table = hard_vote_table(n, classes, epsilon)
+    worst = 0.0
+    for votes in itertools.product(range(classes), repeat=n):
+        before = table.probabilities(np.bincount(votes, minlength=classes).tolist())
+        for position, other in itertools.product(range(n), range(classes)):
+            moved = list(votes)
+            moved[position] = other
+            after = table.probabilities(np.bincount(moved, minlength=classes).tolist())
+            worst = max(worst, float(np.max(np.log(before) - np.log(after))))
+    return worst
+
+
+@pytest.mark.parametrize(
+    ("n", "classes", "epsilon"),
+    [(1, 5, 1.0), (2, 3, 0.5), (3, 4, 1.0), (4, 3, 3.0), (3, 6, 2.0), (5, 2, 1.0)],
+)
+def test_every_replaced_sentence_moves_every_class_by_at_most_e_to_the_epsilon(
+    n: int, classes: int, epsilon: float
+) -> None:
+    worst = _largest_log_ratio(n, classes, epsilon)
+    assert worst <= vote_epsilon(epsilon, classes) + 1e-9
+    # and the table uses the budget: some pair comes close to it (so the test could fail)
+    assert worst >= 0.9 * vote_epsilon(epsilon, classes)
+
+
+@pytest.mark.parametrize(("n", "classes", "epsilon"), [(3, 13, 1.0), (7, 13, 0.5), (10, 4, 3.0)])
+def test_each_histogram_is_a_distribution_with_the_floor(
+    n: int, classes: int, epsilon: float
+) -> None:
+    table = hard_vote_table(n, classes, epsilon)
+    for _, full in histograms(n, classes):
+        probabilities = table.probabilities(full)
+        assert probabilities.sum() == pytest.approx(1.0, abs=1e-12)
+        assert probabilities.min() >= GAMMA / classes * (1 - 1e-12)
+        # symmetric: classes holding as many votes are as likely
+        for count in set(full):
+            same = probabilities[np.asarray(full) == count]
+            assert np.ptp(same) == 0.0
+
+
+@pytest.mark.parametrize(("n", "epsilon"), [(1, 1.0), (2, 1.0), (3, 1.0), (1, 3.0)])
+def test_a_unanimous_short_document_gets_group_privacys_bound_not_half_of_it(
+    n: int, epsilon: float
+) -> None:
+    classes = 13
+    right = hard_vote_table(n, classes, epsilon).probabilities([n] + [0] * (classes - 1))[0]
+    bound = math.exp(n * epsilon) / (math.exp(n * epsilon) + classes - 1)
+    exponential = math.exp(n * epsilon / 2) / (math.exp(n * epsilon / 2) + classes - 1)
+    assert right <= bound
+    assert right >= bound - 0.005  # the LP margin and the slack cost almost nothing
+    assert right > exponential + 0.05
+
+
+def test_the_sampler_draws_the_tables_probabilities() -> None:
+    table = hard_vote_table(4, 5, 1.0)
+    counts = [2, 1, 1, 0, 0]
+    expected = table.probabilities(counts)
+    draws = 200_000
+    rng = np.random.default_rng(7)
+    picked = DeepCandidate.draw_plans([table.plan(counts)] * draws, rng)
+    observed = np.bincount(picked, minlength=5)
+    assert chisquare(observed, expected * draws).pvalue > 1e-3
+    # not vacuous: the exponential mechanism's probabilities are rejected
+    gap = np.array([0, 1, 1, 2, 2]) * vote_epsilon(1.0, 5) / 2
+    other = np.exp(-gap) / np.exp(-gap).sum()
+    assert chisquare(observed, other * draws).pvalue < 1e-6
+
+
+def test_the_exact_check_refuses_a_table_one_entry_too_sharp() -> None:
+    table = hard_vote_table(3, 4, 1.0)
+    check(table, vote_epsilon(1.0, 4))  # the served table passes
+    unanimous = ((3,), 3)
+    sharper = dict(table.weights)
+    sharper[unanimous] = sharper[unanimous] * 2
+    with pytest.raises(InternalError, match="exceeds e\\^epsilon"):
+        check(replace(table, weights=sharper), vote_epsilon(1.0, 4))
+    # the served table is checked at the epsilon it runs at, not above: it fails a smaller one
+    with pytest.raises(InternalError):
+        check(table, 0.95 * vote_epsilon(1.0, 4))
+
+
+def test_the_table_depends_on_n_r_and_epsilon_alone_and_is_cached() -> None:
+    assert hard_vote_table(3, 13, 1.0) is hard_vote_table(3, 13, 1.0)
+    assert set(hard_vote_table(3, 13, 1.0).weights) == set(entries(3, 13))
+    assert histogram([0, 3, 1, 0, 3]) == (3, 3, 1)
+
+
+def test_counts_and_lengths_it_was_not_made_for_are_refused() -> None:
+    table = hard_vote_table(3, 4, 1.0)
+    for counts in ([3, 0, 0], [2, 0, 0, 0], [4, -1, 0, 0]):
+        with pytest.raises(InputError):
+            table.plan(counts)
+    with pytest.raises(InputError, match="1 to"):
+        hard_vote_table(LONGEST + 1, 4, 1.0)
+    with pytest.raises(InputError):
+        hard_vote_table(3, 4, 0.001)
