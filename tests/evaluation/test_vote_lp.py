@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from evaluation.vote_lp import (
+    LARGEST,
     compare,
+    cutoffs,
     exponential_rule,
     fit_rule,
-    histogram,
     largest_ratio,
-    neighbour_pairs,
-    partitions,
 )
+from sentdp.vote_table import histogram, neighbour_pairs, partitions
 
 
 def _accuracy(rule, documents) -> float:  # type: ignore[no-untyped-def]
@@ -113,3 +113,11 @@ def test_the_comparison_runs_on_a_real_bundle(quick_bundle_tag: str) -> None:
         assert 0.0 <= min(served, exponential, table) <= max(served, exponential, table) <= 1.0
     # at epsilon 50 every rule follows the votes: the hard-vote rules agree
     assert rows[1][3] == pytest.approx(rows[1][2], abs=0.02)
+    [(epsilon, scores, chosen, before, after)] = cutoffs(quick_bundle_tag, [1.0])
+    assert epsilon == 1.0
+    assert len(scores) == LARGEST + 1
+    assert scores[chosen] == max(scores)
+    assert 0.0 <= min(scores) <= max(scores) <= 1.0
+    assert 0.0 <= min(before, after) <= max(before, after) <= 1.0
+    if chosen == 0:  # no table chosen: test is scored exactly as before
+        assert after == before
