@@ -37,12 +37,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
+from types import MappingProxyType
 
 import numpy as np
 import numpy.typing as npt
 
 from sentdp.errors import InputError, InternalError
-from sentdp.labels import vote_epsilon
+from sentdp.labels import FLIP_MAX_CLASSES, vote_epsilon
 from sentdp.sampling import GAMMA, SelectionPlan, plan_levels
 
 Partition = tuple[int, ...]
@@ -58,6 +59,12 @@ LP_MARGIN = 2e-3
 """The program runs this far below the epsilon the table is checked at: its solution meets
 each constraint to within about 1e-10, which, against probabilities of at least gamma / r,
 needs a relative margin of about 1e-3."""
+
+LP_CAP = 10.0
+"""The program runs at no more than this epsilon: above it a short document's plurality is
+released with probability within 1e-3 of 1 anyway, and the program's coefficients
+(``e^epsilon``) would grow past what the solver handles reliably. A table made below the
+epsilon charged is still epsilon-SentDP."""
 
 WEIGHT_BITS = 52
 """Table probabilities are rounded to integers of this many bits."""
@@ -119,13 +126,23 @@ def neighbour_pairs(n: int, classes: int) -> set[tuple[Entry, Entry]]:
 @dataclass(frozen=True)
 class HardVoteTable:
     """An epsilon-SentDP selection table for ``sentences``-sentence documents: each entry's
-    integer weight, relative to its histogram's total, before the floor."""
+    integer weight, relative to its histogram's total, before the floor. Its weights are
+    read-only and checked exactly when it is made (:func:`check`), so a table that exists
+    is one that passed."""
 
     sentences: int
     classes: int
     epsilon: float
     """The guarantee, slack included (what a request is charged)."""
     weights: Mapping[Entry, int]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
+        if set(self.weights) != set(entries(self.sentences, self.classes)):
+            raise InternalError("a table needs one weight for every entry")
+        if min(self.weights.values()) < 0:
+            raise InternalError("a table's weights are integers >= 0")
+        check(self, _checked_at(self.epsilon, self.classes))
 
     def total(self, lam: Partition) -> int:
         """The weights of every class of histogram ``lam``, summed."""
@@ -141,6 +158,8 @@ class HardVoteTable:
         return Fraction(GAMMA) / r + (1 - Fraction(GAMMA)) * share
 
     def _counts(self, counts: Sequence[int]) -> list[int]:
+        if any(isinstance(c, bool) or int(c) != c for c in counts):
+            raise InputError(f"hard-vote counts are integers, got {list(counts)}")
         values = [int(c) for c in counts]
         if len(values) != self.classes or min(values) < 0 or sum(values) != self.sentences:
             raise InputError(
@@ -170,8 +189,22 @@ class HardVoteTable:
 
 
 def _exp_below(x: float) -> Fraction:
-    """A rational at most ``e^x``: the float exp is within one ulp (2**-52 relative)."""
-    return Fraction(math.exp(x)) * (1 - Fraction(1, 2**51))
+    """A rational at most ``e^x`` for ``0 <= x <= LP_CAP + LP_MARGIN``: a partial sum of its
+    Taylor series (every term is positive), within 1e-40 relative of it there; no float
+    ``exp`` enters."""
+    if not 0 <= x <= LP_CAP + LP_MARGIN:
+        raise InternalError(f"no exact lower bound of e^x for x={x!r}")
+    power, total = Fraction(1), Fraction(1)
+    for k in range(1, 80):
+        power = power * Fraction(x) / k
+        total += power
+    return total
+
+
+def _checked_at(epsilon: float, classes: int) -> float:
+    """The epsilon a table of guarantee ``epsilon`` is checked at: the vote's ``epsilon -
+    eta(r)``, or the cap's (stricter), where the program ran no higher."""
+    return min(vote_epsilon(epsilon, classes), LP_CAP + LP_MARGIN)
 
 
 def check(table: HardVoteTable, epsilon: float) -> None:
@@ -224,19 +257,25 @@ def _solve(sentences: int, classes: int, epsilon: float) -> dict[Entry, float]:
     return {key: float(solved.x[j]) for key, j in index.items()}
 
 
-@lru_cache(maxsize=256)
 def hard_vote_table(sentences: int, classes: int, epsilon: float) -> HardVoteTable:
     """The table for ``sentences``-sentence documents over ``classes`` classes, epsilon-SentDP
-    (slack included), checked exactly before it is returned; cached, since it depends on
-    these three numbers alone."""
+    (slack included), checked exactly when made; cached, since it depends on these three
+    numbers alone (validated before the cache is consulted)."""
+    for name, value in (("sentences", sentences), ("classes", classes)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(f"a table's {name} is an integer, got {value!r}")
     if not 1 <= sentences <= LONGEST:
         raise InputError(f"tables are made for 1 to {LONGEST} sentences, got {sentences}")
-    run_at = vote_epsilon(epsilon, classes)
-    if run_at <= 2 * LP_MARGIN:
-        raise InputError(f"a table needs epsilon above {2 * LP_MARGIN:g} plus slack")
-    solution = _solve(sentences, classes, run_at - LP_MARGIN)
+    if not 2 <= classes <= FLIP_MAX_CLASSES:
+        raise InputError(f"tables are made for 2 to {FLIP_MAX_CLASSES} classes, got {classes}")
+    if vote_epsilon(epsilon, classes) <= 2 * LP_MARGIN:
+        raise InputError(f"a table needs epsilon above {2 * LP_MARGIN:g} plus the vote's slack")
+    return _table(sentences, classes, float(epsilon))
+
+
+@lru_cache(maxsize=256)
+def _table(sentences: int, classes: int, epsilon: float) -> HardVoteTable:
+    solution = _solve(sentences, classes, _checked_at(epsilon, classes) - LP_MARGIN)
     scale = 1 << WEIGHT_BITS
     weights = {key: round(min(max(p, 0.0), 1.0) * scale) for key, p in solution.items()}
-    table = HardVoteTable(sentences, classes, float(epsilon), weights)
-    check(table, run_at)
-    return table
+    return HardVoteTable(sentences, classes, epsilon, weights)  # checked as it is made

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from scipy.stats import chisquare
 from sentdp.errors import InputError, InternalError
 from sentdp.labels import vote_epsilon
 from sentdp.mechanism import DeepCandidate
-from sentdp.sampling import GAMMA
+from sentdp.sampling import _TWO64, GAMMA
 from sentdp.vote_table import (
     LONGEST,
     check,
@@ -83,6 +84,51 @@ def test_a_unanimous_short_document_gets_group_privacys_bound_not_half_of_it(
     assert right > exponential + 0.05
 
 
+@pytest.mark.parametrize(("n", "classes", "epsilon"), [(4, 3, 3.0), (5, 6, 1.0), (3, 13, 0.5)])
+def test_the_plan_gives_every_class_its_exact_probability_in_every_order(
+    n: int, classes: int, epsilon: float
+) -> None:
+    """From the plan's integer thresholds (what the sampler compares its random words with),
+    every class of every permutation of every histogram is within 2**-63 of the exact
+    probability the check passed."""
+    table = hard_vote_table(n, classes, epsilon)
+    seen = set()
+    for lam, full in histograms(n, classes):
+        for counts in set(itertools.permutations(full)) if classes <= 6 else {tuple(full)}:
+            plan = table.plan(list(counts))
+            edges = [0, *plan.thresholds, _TWO64]
+            levels = len(plan.counts)
+            for level in range(levels):
+                share = Fraction(
+                    edges[min(level + 1, len(edges) - 1)] - edges[min(level, len(edges) - 1)],
+                    _TWO64,
+                )
+                start = plan.starts[level]
+                for k in plan.order[start : start + plan.counts[level]]:
+                    drawn = (
+                        Fraction(GAMMA) / classes
+                        + (1 - Fraction(GAMMA)) * share / plan.counts[level]
+                    )
+                    exact = table.exact((lam, counts[int(k)]))
+                    assert abs(drawn - exact) <= Fraction(1, 2**63)
+                    seen.add((lam, counts[int(k)]))
+    assert seen == set(entries(n, classes))
+
+
+def test_large_epsilons_release_the_plurality_and_odd_inputs_are_refused() -> None:
+    for epsilon in (10.0, 25.0, 1000.0):
+        table = hard_vote_table(3, 4, epsilon)
+        assert table.probabilities([3, 0, 0, 0])[0] > 0.999
+        assert table.probabilities([2, 1, 0, 0])[0] > 0.999
+    with pytest.raises(InputError, match="integers"):
+        hard_vote_table(3, 4, 1.0).plan([1.5, 1.5, 0, 0])  # type: ignore[list-item]
+    with pytest.raises(InputError, match="integers"):
+        hard_vote_table(3, 4, 1.0).plan([True, 2, 0, 0])
+    for n, classes in ((True, 4), (3, 1), (3, 33), (3.0, 4)):
+        with pytest.raises(InputError):
+            hard_vote_table(n, classes, 1.0)  # type: ignore[arg-type]
+
+
 def test_the_sampler_draws_the_tables_probabilities() -> None:
     table = hard_vote_table(4, 5, 1.0)
     counts = [2, 1, 1, 0, 0]
@@ -105,7 +151,9 @@ def test_the_exact_check_refuses_a_table_one_entry_too_sharp() -> None:
     sharper = dict(table.weights)
     sharper[unanimous] = sharper[unanimous] * 2
     with pytest.raises(InternalError, match="exceeds e\\^epsilon"):
-        check(replace(table, weights=sharper), vote_epsilon(1.0, 4))
+        replace(table, weights=sharper)  # a table is checked as it is made
+    with pytest.raises(TypeError):
+        table.weights[unanimous] = 0  # type: ignore[index]  # and the cached one is read-only
     # the served table is checked at the epsilon it runs at, not above: it fails a smaller one
     with pytest.raises(InternalError):
         check(table, 0.95 * vote_epsilon(1.0, 4))
