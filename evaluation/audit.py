@@ -128,7 +128,13 @@ class ExactLoss:
         if endpoint == "classify" and choice.label == "vote":
             # the vote the p table names for the request's epsilon, as the gateway sends it
             vote = self.bundle.vote_for(epsilon)
-            return vote.log_probs(embedded, run_at, sentences, bounded_range=self.bounded_range)
+            return vote.log_probs(
+                embedded,
+                run_at,
+                sentences,
+                bounded_range=self.bounded_range,
+                table_sentences=choice.vote_table,
+            )
         variant = self.bundle.variant(choice.variant)
         recoded = recode(variant.recoder, embedded)
         if choice.radius is not None:  # the clipped-mean rule, at the p table's radius

@@ -198,13 +198,18 @@ def _distinct_votes(bundles: Sequence[Bundle]) -> list[Bundle]:
 
 
 def _same_vote(a: Bundle, b: Bundle) -> bool:
-    """Whether both bundles run the same vote at every grid epsilon of either."""
+    """Whether both bundles run the same vote, and draw the same short documents from the
+    hard-vote table, at every grid epsilon of either."""
     if not (a.votes and b.votes):
         return False
     grid = {c.epsilon for c in a.manifest.p_table} | {c.epsilon for c in b.manifest.p_table}
     for epsilon in grid:
         mine, theirs = a.vote_for(epsilon), b.vote_for(epsilon)
-        if not mine.same_as(theirs):
+        tables = (
+            a.manifest.choice_for(epsilon).vote_table,
+            b.manifest.choice_for(epsilon).vote_table,
+        )
+        if not mine.same_as(theirs) or tables[0] != tables[1]:
             return False
     return True
 
@@ -445,19 +450,18 @@ class Experiment:
         the bundle predates it)."""
         if not bundle.votes:
             return False
-        deviations: dict[int, list[npt.NDArray[np.int64]]] = {}
-        sentences = [len(self.corpus.documents[i].sentences) for i in self.test]
+        logits: dict[int, list[npt.NDArray[np.float64]]] = {}
         for epsilon in self.config.epsilons:
-            index = bundle.manifest.choice_for(epsilon).vote_index  # as the service runs it
-            vote = bundle.votes[index]
-            if index not in deviations:
-                deviations[index] = [
-                    vote.deviations(self.embeddings.document(i), self.corpus.documents[i].sentences)
+            choice = bundle.manifest.choice_for(epsilon)  # as the service runs it
+            vote = bundle.votes[choice.vote_index]
+            if choice.vote_index not in logits:
+                logits[choice.vote_index] = [
+                    vote.logits(self.embeddings.document(i), self.corpus.documents[i].sentences)
                     for i in self.test
                 ]
             plans = [
-                vote.plan_for(d, epsilon, n)
-                for d, n in zip(deviations[index], sentences, strict=True)
+                vote.plan_from_logits(x, epsilon, table_sentences=choice.vote_table)
+                for x in logits[choice.vote_index]
             ]
             predicted = [
                 DeepCandidate.draw_plans(plans, self.rng(trial, epsilon, 3))

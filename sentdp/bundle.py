@@ -39,6 +39,9 @@ Version 6 adds epsilons whose candidate is drawn by distance to the clipped mean
 by Tukey depth with a meaningless p.
 Version 7 adds votes in the cube (``vote_shapes``, :data:`sentdp.labels.VOTE_SHAPES`): an
 older reader would tally them as softmax votes, another classifier than the one validated.
+Version 8 adds short documents drawn from the hard-vote table (``PChoice.vote_table``,
+:mod:`sentdp.vote_table`): an older reader would draw them by the vote's own rule, not the
+distribution validation scored.
 """
 
 from __future__ import annotations
@@ -60,14 +63,15 @@ from sentdp.errors import InputError
 from sentdp.labels import SentenceVote, VoteShape
 from sentdp.mean_selection import RADII, MeanCandidate
 from sentdp.mechanism import DeepCandidate
+from sentdp.vote_table import LONGEST
 from sentdp.words import TOKENIZER, WordFeatures
 
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 """The newest format this sentdp reads and writes (a bundle says the lowest version whose
 readers run it as trained: 1 by default, 2 with shared H, 3 with more than one vote, 4 with
 votes that read words, 5 with votes drawn by the sentence-count rule, 6 with candidates
 drawn by distance to the clipped mean, 7 with votes in the cube)."""
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 MANIFEST = "manifest.json"
 MECHANISM_FILE = "mechanism.safetensors"
 VOTE_FILE = "label_vote.safetensors"
@@ -103,6 +107,9 @@ class PChoice(BaseModel):
     radius: float | None = None
     """The clipping radius R of "mean" (public: a quantile of public training sentences'
     recoded norms); None for "depth"."""
+    vote_table: int = Field(default=0, ge=0, le=LONGEST)
+    """The vote draws documents of at most this many sentences from the hard-vote table
+    (:mod:`sentdp.vote_table`; 0: none; format version 8)."""
 
     def rule(self) -> str:
         """The entry's rule and its parameter: ``p=10`` or ``mean R=8.357``."""
@@ -225,6 +232,8 @@ class BundleManifest(BaseModel):
             raise ValueError("votes drawn by the sentence-count rule need bundle format version 5")
         if self.format_version < 7 and "cube" in (self.vote_shapes or ()):
             raise ValueError("votes in the cube need bundle format version 7")
+        if self.format_version < 8 and any(c.vote_table for c in self.p_table):
+            raise ValueError("short documents drawn from the vote table need format version 8")
         if self.vote_words not in (None, TOKENIZER):
             raise ValueError(
                 f"the votes' tokenizer {self.vote_words!r} is not this sentdp's ({TOKENIZER!r})"

@@ -23,7 +23,13 @@ which neighbours share: its exponential mechanism is calibrated to n
 limit it is drawn that way for the n where a public rule prefers it to permute-and-flip
 (short documents at small epsilon), by permute-and-flip otherwise.
 
-Neither permute-and-flip nor the calibrated mechanism has epsilon-bounded range (the
+A document of at most N sentences (N chosen on validation per epsilon, the p table's
+``vote_table``) is drawn instead from :mod:`sentdp.vote_table`: each sentence's whole vote
+goes to its likeliest class, and the best epsilon-SentDP table over such hard votes releases
+a class. Which rule draws a document depends on its sentence count only, which neighbours
+share, so each document is drawn by one epsilon-SentDP rule.
+
+Neither permute-and-flip, the calibrated mechanism nor the table has epsilon-bounded range (the
 spread of an outcome's log ratio between neighbours can reach about 2 epsilon), which the
 zCDP charge ``epsilon**2 / 8`` needs. A ``bounded_range`` draw (the service asks for it for
 tenants that account in zCDP) is the standard exponential mechanism at the vote's
@@ -71,6 +77,7 @@ from sentdp.sampling import (
     plan_levels,
     plan_selection,
 )
+from sentdp.vote_table import LONGEST, hard_vote_table, makes_table
 from sentdp.words import WordFeatures
 
 VOTE_UNITS = 64
@@ -90,6 +97,24 @@ def tally_deviations(votes: IntArray) -> IntArray:
     tallies = votes.sum(axis=0)
     deviations: IntArray = tallies.max() - tallies
     return deviations
+
+
+def hard_counts(logits: FloatArray) -> list[int]:
+    """(r,) how many of the sentences give their whole vote to each class: each sentence's
+    likeliest class (the first on ties), a function of that sentence's logits alone."""
+    values = np.asarray(logits)
+    counts: list[int] = np.bincount(np.argmax(values, axis=1), minlength=values.shape[1]).tolist()
+    return counts
+
+
+def table_limit(sentences: int) -> int:
+    """Validate a short-document limit N (documents of at most N sentences are drawn from
+    :mod:`sentdp.vote_table`; 0: none)."""
+    if isinstance(sentences, bool) or not isinstance(sentences, int | np.integer):
+        raise InputError(f"a table limit is an integer, got {sentences!r}")
+    if not 0 <= sentences <= LONGEST:
+        raise InputError(f"a table limit is 0 to {LONGEST} sentences, got {sentences}")
+    return int(sentences)
 
 
 @dataclass(frozen=True)
@@ -227,11 +252,42 @@ class SentenceVote:
         texts: Sequence[str] | None = None,
         *,
         bounded_range: bool = False,
+        table_sentences: int = 0,
     ) -> FloatArray:
         """(r,) natural-log probabilities with which :meth:`sample_batch` picks each class."""
-        deviations = self.deviations(sentences, texts)
-        count = np.asarray(sentences).shape[0]
+        logits = self.logits(sentences, texts)
+        count = logits.shape[0]
+        if self._tabled(count, epsilon, bounded_range, table_sentences):
+            table = hard_vote_table(count, self.classes, epsilon)
+            return np.log(table.probabilities(hard_counts(logits)))
+        deviations = tally_deviations(self.votes_from_logits(logits))
         return self.log_probs_for(deviations, epsilon, count, bounded_range=bounded_range)
+
+    def _tabled(self, count: int, epsilon: float, bounded_range: bool, limit: int) -> bool:
+        """Whether a ``count``-sentence document is drawn from the hard-vote table: at most
+        ``limit`` sentences, not a bounded-range draw, and a table exists for (n, r,
+        epsilon). A rule of public numbers only (neighbours share n)."""
+        if bounded_range or count > table_limit(limit):
+            return False
+        return makes_table(count, self.classes, epsilon)
+
+    def plan_from_logits(
+        self,
+        logits: FloatArray,
+        epsilon: float,
+        *,
+        bounded_range: bool = False,
+        table_sentences: int = 0,
+    ) -> SelectionPlan:
+        """The plan for a document from its :meth:`logits`: a document of at most
+        ``table_sentences`` sentences is drawn from the hard-vote table
+        (:mod:`sentdp.vote_table`), unless ``bounded_range`` (the table's range is not
+        bounded); any other by the vote's rule."""
+        count = len(logits)
+        if self._tabled(count, epsilon, bounded_range, table_sentences):
+            return hard_vote_table(count, self.classes, epsilon).plan(hard_counts(logits))
+        deviations = tally_deviations(self.votes_from_logits(logits))
+        return self.plan_for(deviations, epsilon, count, bounded_range=bounded_range)
 
     def plan_for(
         self, deviations: IntArray, epsilon: float, sentences: int, *, bounded_range: bool = False
@@ -263,21 +319,22 @@ class SentenceVote:
         *,
         texts: Sequence[Sequence[str]] | None = None,
         bounded_range: bool = False,
+        table_sentences: int = 0,
     ) -> list[SelectionPlan]:
         """Every document's selection plan; validates everything and draws no randomness.
         ``texts``: each document's sentences, needed by a vote that reads words;
-        ``bounded_range``: draw by the epsilon-bounded-range exponential mechanism."""
+        ``bounded_range``: draw by the epsilon-bounded-range exponential mechanism;
+        ``table_sentences``: documents of at most this many sentences are drawn from the
+        hard-vote table (:meth:`plan_from_logits`)."""
         if len(epsilons) != len(documents):
             raise InputError(f"got {len(documents)} documents but {len(epsilons)} epsilons")
         if texts is not None and len(texts) != len(documents):
             raise InputError(f"got {len(documents)} documents but {len(texts)} texts")
         per_document = texts if texts is not None else [None] * len(documents)
+        limit = table_limit(table_sentences)
         return [
-            self.plan_for(
-                self.deviations(doc, text),
-                eps,
-                np.asarray(doc).shape[0],
-                bounded_range=bounded_range,
+            self.plan_from_logits(
+                self.logits(doc, text), eps, bounded_range=bounded_range, table_sentences=limit
             )
             for doc, eps, text in zip(documents, epsilons, per_document, strict=True)
         ]
@@ -289,9 +346,11 @@ class SentenceVote:
         rng: RandomBytes | None = None,
         *,
         texts: Sequence[Sequence[str]] | None = None,
+        table_sentences: int = 0,
     ) -> IntArray:
         """One private class index per document (epsilon-SentDP each)."""
-        return DeepCandidate.draw_plans(self.plan_batch(documents, epsilons, texts=texts), rng)
+        plans = self.plan_batch(documents, epsilons, texts=texts, table_sentences=table_sentences)
+        return DeepCandidate.draw_plans(plans, rng)
 
 
 FLIP_MAX_CLASSES = 32

@@ -21,11 +21,12 @@ vote for short documents at epsilon <= 3 and behind it for long ones, where grad
 count for more than the better rule.
 
 Exactness. The program runs at ``eps' - LP_MARGIN`` (``eps'`` = ``epsilon - eta(r)``, the
-vote's own slack); its solution is rounded to integer weights, mixed with the floor (gamma /
-r for every class, as every draw), and every neighbour pair is checked in rational arithmetic
-against a rational lower bound of ``e^eps'``. A table that fails the check is never returned
-(:class:`~sentdp.errors.InternalError`). The sampler draws each level within 2**-63 of its
-exact share (:func:`~sentdp.sampling.plan_levels`), covered by eta(r) as for permute-and-flip.
+vote's own slack, :func:`table_epsilon`; at most ``LP_CAP``); its solution is rounded to
+integer weights, mixed with the floor (gamma / r for every class, as every draw), and every
+neighbour pair is checked in rational arithmetic against a rational lower bound of
+``e^eps'``. A table that fails the check is never made (:class:`~sentdp.errors.InternalError`).
+The sampler draws each level within 2**-63 of its exact share
+(:func:`~sentdp.sampling.plan_levels`), covered by eta(r) as for permute-and-flip.
 The table's log ratios are not range-bounded: a zCDP draw keeps the standard exponential
 mechanism.
 """
@@ -43,7 +44,8 @@ import numpy as np
 import numpy.typing as npt
 
 from sentdp.errors import InputError, InternalError
-from sentdp.labels import FLIP_MAX_CLASSES, vote_epsilon
+from sentdp.mechanism import epsilon_less_slack
+from sentdp.permute_flip import flip_slack
 from sentdp.sampling import GAMMA, SelectionPlan, plan_levels
 
 Partition = tuple[int, ...]
@@ -54,6 +56,10 @@ Entry = tuple[Partition, int]
 LONGEST = 10
 """Tables are made for documents of at most this many sentences (the program grows with the
 partitions of n: 42 for n = 10, about 0.3 s to solve at 13 classes)."""
+
+MOST_CLASSES = 32
+"""Tables are made for at most this many classes (the neighbour pairs grow with r**3), the
+classes a vote is drawn by permute-and-flip for, whose slack the table shares."""
 
 LP_MARGIN = 2e-3
 """The program runs this far below the epsilon the table is checked at: its solution meets
@@ -201,10 +207,17 @@ def _exp_below(x: float) -> Fraction:
     return total
 
 
+def table_epsilon(epsilon: float, classes: int) -> float:
+    """``epsilon - eta(r)``, eta(r) the vote's own slack (permute-and-flip's, which covers
+    the sampler's 2**-63 per level): what a table of guarantee ``epsilon`` must meet exactly."""
+    slack = flip_slack(classes)
+    return epsilon_less_slack(epsilon, slack, f"the vote's float slack for {classes} classes")
+
+
 def _checked_at(epsilon: float, classes: int) -> float:
-    """The epsilon a table of guarantee ``epsilon`` is checked at: the vote's ``epsilon -
-    eta(r)``, or the cap's (stricter), where the program ran no higher."""
-    return min(vote_epsilon(epsilon, classes), LP_CAP + LP_MARGIN)
+    """The epsilon a table of guarantee ``epsilon`` is checked at: :func:`table_epsilon`, or
+    the cap's (stricter), where the program ran no higher."""
+    return min(table_epsilon(epsilon, classes), LP_CAP + LP_MARGIN)
 
 
 def check(table: HardVoteTable, epsilon: float) -> None:
@@ -257,6 +270,16 @@ def _solve(sentences: int, classes: int, epsilon: float) -> dict[Entry, float]:
     return {key: float(solved.x[j]) for key, j in index.items()}
 
 
+def makes_table(sentences: int, classes: int, epsilon: float) -> bool:
+    """Whether :func:`hard_vote_table` makes a table for these numbers (a public rule: a
+    document it refuses is drawn by the vote's own rule)."""
+    try:
+        hard_vote_table(sentences, classes, epsilon)
+    except InputError:
+        return False
+    return True
+
+
 def hard_vote_table(sentences: int, classes: int, epsilon: float) -> HardVoteTable:
     """The table for ``sentences``-sentence documents over ``classes`` classes, epsilon-SentDP
     (slack included), checked exactly when made; cached, since it depends on these three
@@ -266,9 +289,9 @@ def hard_vote_table(sentences: int, classes: int, epsilon: float) -> HardVoteTab
             raise InputError(f"a table's {name} is an integer, got {value!r}")
     if not 1 <= sentences <= LONGEST:
         raise InputError(f"tables are made for 1 to {LONGEST} sentences, got {sentences}")
-    if not 2 <= classes <= FLIP_MAX_CLASSES:
-        raise InputError(f"tables are made for 2 to {FLIP_MAX_CLASSES} classes, got {classes}")
-    if vote_epsilon(epsilon, classes) <= 2 * LP_MARGIN:
+    if not 2 <= classes <= MOST_CLASSES:
+        raise InputError(f"tables are made for 2 to {MOST_CLASSES} classes, got {classes}")
+    if table_epsilon(epsilon, classes) <= 2 * LP_MARGIN:
         raise InputError(f"a table needs epsilon above {2 * LP_MARGIN:g} plus the vote's slack")
     return _table(sentences, classes, float(epsilon))
 

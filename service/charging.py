@@ -484,6 +484,7 @@ class Charging:
                 radius=admission.choice.radius,
                 release=admission.release,
                 vote=admission.choice.vote_index,
+                vote_table=admission.choice.vote_table,
                 bounded_range=bounded,
             )
             for charge_id, sentences in zip(reserved.charge_ids, admission.sentences, strict=True)

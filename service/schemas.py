@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from sentdp.vote_table import LONGEST
+
 _INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"})
 """Unicode categories an id may not hold: controls, format characters (zero-width spaces,
 bidirectional overrides), surrogates, private-use and unassigned code points, and every
@@ -257,6 +259,10 @@ class WorkItem(BaseModel):
     """What to draw: a DeepCandidate candidate, or a SentenceVote label."""
     vote: int = Field(default=0, ge=0)
     """Which of the bundle's votes draws a ``vote`` release (the p table's ``vote_index``)."""
+    vote_table: int = Field(default=0, ge=0, le=LONGEST)
+    """A ``vote`` release of at most this many sentences is drawn from the hard-vote table
+    (the p table's ``vote_table``); private whatever its value, since the rule depends on
+    the sentence count only. A ``bounded_range`` draw never uses it."""
     bounded_range: bool = True
     """Draw a ``vote`` release by the epsilon-bounded-range exponential mechanism (for
     tenants charged in zCDP), not by the vote's own rule. The gateway always says which; an

@@ -361,20 +361,21 @@ def plan_encoded(
 ) -> list[Any]:
     """Each item's selection plan from its document's G embeddings, in item order: a vote
     item with the bundle's vote the item names (by the epsilon-bounded-range exponential
-    mechanism when the item asks for it), a candidate item in its variant (recoded), by Tukey
+    mechanism when the item asks for it; from the hard-vote table when it has at most the
+    item's ``vote_table`` sentences), a candidate item in its variant (recoded), by Tukey
     depth or by the clipped-mean rule at one of the p table's radii (``means``). Items that
     share a vote (and its draw), or a variant and rule, are planned together."""
     from sentdp.encoders import recode
 
     plans: list[Any] = [None] * len(items)
-    groups: dict[tuple[str, int, bool, float], list[int]] = {}
+    groups: dict[tuple[str, int, bool, float, int], list[int]] = {}
     for n, item in enumerate(items):
         if item.release == "vote":
-            key = ("", item.vote, item.bounded_range, 0.0)
+            key = ("", item.vote, item.bounded_range, 0.0, item.vote_table)
         else:  # radii are at least 2**-100: 0.0 stands for Tukey depth
-            key = (item.variant, 0, False, item.radius or 0.0)
+            key = (item.variant, 0, False, item.radius or 0.0, 0)
         groups.setdefault(key, []).append(n)
-    for (name, vote, bounded, radius), members in sorted(groups.items()):
+    for (name, vote, bounded, radius, table), members in sorted(groups.items()):
         epsilons = [items[n].epsilon for n in members]
         if not name:
             if vote >= len(bundle.votes):
@@ -384,6 +385,7 @@ def plan_encoded(
                 epsilons,
                 texts=[items[n].sentences for n in members],
                 bounded_range=bounded,
+                table_sentences=table,
             )
             for n, plan in zip(members, planned, strict=True):
                 plans[n] = plan

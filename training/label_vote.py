@@ -46,7 +46,7 @@ DeepCandidate's candidate, whichever has the higher expected validation macro-F1
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -61,10 +61,12 @@ from sentdp.labels import (
     tally_deviations,
     vote_probabilities,
 )
+from sentdp.vote_table import MOST_CLASSES
 from sentdp.words import WordFeatures, fit_word_features
 from training.embeddings import CorpusEmbeddings
 from training.p_selection import soft_macro_f1
 from training.vote_calibration import calibrate, calibrated, out_of_fold_logits
+from training.vote_tables import choose_limit, limit_scores
 
 REGULARISATION = (0.1, 1.0, 10.0)
 """Inverse regularisation strengths C tried for the sentence-fitted classifier."""
@@ -136,6 +138,11 @@ class VoteResult:
     """``fits[0]`` is best on average over the grid; the others each win some epsilon."""
     index_by_epsilon: dict[str, int]
     """Per grid epsilon (``f"{epsilon:g}"``), the index of its vote in ``fits``."""
+    table_by_epsilon: dict[str, int] = field(default_factory=dict)
+    """Per grid epsilon where validation chose one, the limit N of the hard-vote table
+    (:mod:`training.vote_tables`); absent: 0, none."""
+    table_macro_f1: dict[str, float] = field(default_factory=dict)
+    """Expected validation macro-F1 with that limit, per epsilon of ``table_by_epsilon``."""
 
     @property
     def votes(self) -> tuple[SentenceVote, ...]:
@@ -147,8 +154,12 @@ class VoteResult:
 
     @property
     def validation_macro_f1(self) -> dict[str, float]:
-        """Expected validation macro-F1, per grid epsilon, of the vote that runs there."""
-        return {e: self.fits[i].validation_macro_f1[e] for e, i in self.index_by_epsilon.items()}
+        """Expected validation macro-F1, per grid epsilon, of the vote that runs there (and
+        the table for short documents, where chosen)."""
+        return {
+            e: self.table_macro_f1.get(e, self.fits[i].validation_macro_f1[e])
+            for e, i in self.index_by_epsilon.items()
+        }
 
     def vote_at(self, epsilon: float) -> SentenceVote:
         return self.fits[self.index_by_epsilon[f"{epsilon:g}"]].vote
@@ -273,7 +284,37 @@ def train_vote(
         unscaled = {(family, c, word_c): vote for family, c, word_c, vote in base}
         for fit, vote in _calibrated(tried, unscaled, families, train, epsilons):
             tried.append(replace(fit, vote=vote, validation_macro_f1=scored(vote)))
-    return choose_votes(tried)
+    return with_tables(choose_votes(tried), documents, per_document, truth, epsilons)
+
+
+def with_tables(
+    result: VoteResult,
+    documents: Sequence[npt.NDArray[np.floating]],
+    texts: Sequence[Sequence[str] | None],
+    truth: Sequence[int],
+    epsilons: Sequence[float],
+) -> VoteResult:
+    """``result`` with, per grid epsilon, the limit N of the hard-vote table validation
+    chooses for its vote (:mod:`training.vote_tables`); none for more classes than a table
+    is made for."""
+    limits: dict[str, int] = {}
+    scores: dict[str, float] = {}
+    logits: dict[int, list[npt.NDArray[np.float64]]] = {}
+    for epsilon in epsilons:
+        key = f"{epsilon:g}"
+        index = result.index_by_epsilon[key]
+        vote = result.fits[index].vote
+        if vote.classes > MOST_CLASSES:
+            continue
+        if index not in logits:
+            logits[index] = [
+                vote.logits(document, text) for document, text in zip(documents, texts, strict=True)
+            ]
+        by_limit = limit_scores(vote, logits[index], truth, epsilon)
+        limit = choose_limit(by_limit)
+        if limit:
+            limits[key], scores[key] = limit, by_limit[limit]
+    return replace(result, table_by_epsilon=limits, table_macro_f1=scores)
 
 
 def _calibrated(
@@ -475,6 +516,7 @@ def with_label_choice(p_table: Sequence[PChoice], vote: VoteResult) -> list[PCho
             "label": "vote" if better else "candidate",
             "vote_macro_f1": score,
             "vote_index": vote.index_by_epsilon[key],
+            "vote_table": vote.table_by_epsilon.get(key, 0),
         }
         chosen.append(choice.model_copy(update=update))
     return chosen

@@ -297,6 +297,11 @@ def build_bundle(
         shapes=config.vote_shapes,
     )
     p_table = with_label_choice(p_table, vote)
+    for key, limit in vote.table_by_epsilon.items():
+        console.print(
+            f"SentenceVote at ε={key}: documents of at most {limit} sentences drawn from the "
+            f"hard-vote table (expected validation macro-F1 {vote.table_macro_f1[key]:.3f})"
+        )
     for index, fit in enumerate(vote.fits):
         runs_at = [e for e, i in vote.index_by_epsilon.items() if i == index]
         words = fit.word_regularisation
@@ -323,6 +328,7 @@ def build_bundle(
             {**fit.describe(), "validation_macro_f1": fit.validation_macro_f1} for fit in vote.fits
         ],
         "vote_by_epsilon": vote.index_by_epsilon,
+        "vote_table_by_epsilon": vote.table_by_epsilon,
         "variants": variant_scores,
         "validation_grid": grid,
     }
@@ -343,17 +349,16 @@ def bundle_format_version(
     variants: Sequence[Variant], p_table: Sequence[PChoice], votes: Sequence[SentenceVote] = ()
 ) -> int:
     """The lowest format version whose readers run this bundle as it was trained."""
-    if any(vote.shape != "simplex" for vote in votes):
-        return 7
-    if any(choice.selection != "depth" for choice in p_table):
-        return 6
-    if any(vote.by_count for vote in votes):
-        return 5
-    if any(vote.reads_words for vote in votes):
-        return 4
-    if any(choice.vote_index for choice in p_table):
-        return 3
-    return 2 if any(v.record.recoder_from for v in variants) else 1
+    needs = [
+        (8, any(choice.vote_table for choice in p_table)),
+        (7, any(vote.shape != "simplex" for vote in votes)),
+        (6, any(choice.selection != "depth" for choice in p_table)),
+        (5, any(vote.by_count for vote in votes)),
+        (4, any(vote.reads_words for vote in votes)),
+        (3, any(choice.vote_index for choice in p_table)),
+        (2, any(v.record.recoder_from for v in variants)),
+    ]
+    return max((version for version, needed in needs if needed), default=1)
 
 
 def training_data(

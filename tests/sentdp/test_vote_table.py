@@ -8,6 +8,7 @@ import itertools
 import math
 from dataclasses import replace
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,3 +175,49 @@ def test_counts_and_lengths_it_was_not_made_for_are_refused() -> None:
         hard_vote_table(LONGEST + 1, 4, 1.0)
     with pytest.raises(InputError):
         hard_vote_table(3, 4, 0.001)
+
+
+def test_the_vote_draws_short_documents_from_the_table_and_longer_ones_by_its_own_rule() -> None:
+    from sentdp.labels import hard_counts
+    from tests.service.fakes import DIM, tiny_bundle
+
+    vote = tiny_bundle(vote=True).votes[0]
+    rng = np.random.default_rng(5)
+    short, long = rng.normal(size=(3, DIM)), rng.normal(size=(6, DIM))
+    table = hard_vote_table(3, vote.classes, 2.0)
+    expected = np.log(table.probabilities(hard_counts(vote.logits(short))))
+    assert np.array_equal(vote.log_probs(short, 2.0, table_sentences=5), expected)
+    assert not np.allclose(vote.log_probs(short, 2.0), expected)  # its own rule differs
+    assert np.array_equal(vote.log_probs(long, 2.0, table_sentences=5), vote.log_probs(long, 2.0))
+    bounded = vote.log_probs(short, 2.0, bounded_range=True)
+    assert np.array_equal(
+        vote.log_probs(short, 2.0, bounded_range=True, table_sentences=5), bounded
+    )
+    # an epsilon too small for a table: the vote's own rule, not an error
+    assert np.array_equal(
+        vote.log_probs(short, 0.003, table_sentences=5), vote.log_probs(short, 0.003)
+    )
+    for limit in (-1, LONGEST + 1, True):
+        with pytest.raises(InputError, match="table limit"):
+            vote.log_probs(short, 2.0, table_sentences=limit)  # type: ignore[arg-type]
+
+
+def test_a_bundle_with_a_table_limit_says_version_8_and_keeps_it(tmp_path: Path) -> None:
+    from sentdp.bundle import Bundle, BundleManifest
+    from tests.service.fakes import tiny_bundle
+    from training.pipeline import bundle_format_version
+
+    (tmp_path / "encoder").mkdir()
+    bundle = tiny_bundle(encoder_dir=tmp_path / "encoder", vote=True)
+    p_table = [c.model_copy(update={"vote_table": 4}) for c in bundle.manifest.p_table]
+    assert bundle_format_version(bundle.variants, bundle.manifest.p_table, bundle.votes) < 8
+    assert bundle_format_version(bundle.variants, p_table, bundle.votes) == 8
+    manifest = bundle.manifest.model_dump()
+    with pytest.raises(ValueError, match="format version 8"):
+        BundleManifest.model_validate({**manifest, "p_table": [c.model_dump() for c in p_table]})
+    tabled = BundleManifest.model_validate(
+        {**manifest, "format_version": 8, "p_table": [c.model_dump() for c in p_table]}
+    )
+    replace(bundle, manifest=tabled).save(tmp_path / "saved")
+    loaded = Bundle.load(tmp_path / "saved")
+    assert [c.vote_table for c in loaded.manifest.p_table] == [4] * len(p_table)

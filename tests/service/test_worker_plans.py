@@ -210,3 +210,28 @@ def test_a_work_item_s_rule_and_radius_must_agree() -> None:
         with pytest.raises(ValidationError):
             WorkItem.model_validate({**base, **update})
     assert WorkItem.model_validate(base).selection == "depth"
+
+
+def test_a_short_vote_item_is_planned_from_the_hard_vote_table_it_names() -> None:
+    from sentdp.labels import hard_counts
+    from sentdp.vote_table import hard_vote_table
+
+    bundle = tiny_bundle(vote=True)
+    vote = bundle.votes[0]
+    mechanisms = {v.record.name: v.mechanism() for v in bundle.variants}
+    rng = np.random.default_rng(3)
+    documents = [rng.normal(size=(k, DIM)) for k in (3, 5, 3)]
+    tabled = [item("vote").model_copy(update={"vote_table": 4}) for _ in documents]
+    tabled[2] = tabled[2].model_copy(update={"bounded_range": True})
+    plans = plan_encoded(bundle, mechanisms, tabled, documents)
+    counts = hard_counts(vote.logits(documents[0]))
+    assert same(plans[0], hard_vote_table(3, vote.classes, 1.0).plan(counts))
+    # five sentences are above the limit, and a bounded-range draw never uses the table
+    (own,) = vote.plan_batch([documents[1]], [1.0])
+    assert same(plans[1], own)
+    (bounded,) = vote.plan_batch([documents[2]], [1.0], bounded_range=True)
+    assert same(plans[2], bounded)
+    (untabled,) = plan_encoded(bundle, mechanisms, [item("vote")], documents[:1])
+    assert not same(plans[0], untabled)  # the test sees which rule ran
+    with pytest.raises(ValueError, match="vote_table"):  # tables stop at 10 sentences
+        WorkItem.model_validate({**item("vote").model_dump(), "vote_table": 11})

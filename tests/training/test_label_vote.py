@@ -11,6 +11,7 @@ from sentdp.errors import InputError
 from sentdp.labels import SentenceVote
 from training.embeddings import CorpusEmbeddings
 from training.label_vote import train_vote, vote_macro_f1, with_label_choice
+from training.vote_tables import limit_scores
 
 
 def corpus(classes: int, documents: int = 60, seed: int = 0) -> tuple[CorpusEmbeddings, np.ndarray]:
@@ -42,10 +43,17 @@ def test_the_vote_learns_the_classes_and_two_class_models_get_two_rows() -> None
         assert scores["50"] > 0.9  # clear classes, a large epsilon: nearly always right
         assert scores["1"] < scores["50"]
         documents = [embeddings.document(i) for i in validation]
+        truth = list(y[validation])
         for epsilon in (1.0, 50.0):
+            key = f"{epsilon:g}"
             vote = result.vote_at(epsilon)
-            score = vote_macro_f1(vote, documents, list(y[validation]), epsilon)
-            assert score == scores[f"{epsilon:g}"]
+            own = vote_macro_f1(vote, documents, truth, epsilon)
+            assert own == result.fits[result.index_by_epsilon[key]].validation_macro_f1[key]
+            # what runs there: the vote, and the hard-vote table up to the chosen limit
+            limit = result.table_by_epsilon.get(key, 0)
+            served = limit_scores(vote, [vote.logits(d) for d in documents], truth, epsilon)
+            assert served[limit] == pytest.approx(scores[key], abs=1e-12)
+            assert served[limit] == max(served)
 
 
 def test_the_table_takes_the_vote_only_where_it_scored_higher() -> None:

@@ -124,7 +124,9 @@ def test_a_user_csv_trains_only_when_declared_public(tmp_path: Path) -> None:
         assert choice.validation_macro_f1 == best
     means = [c for c in report.bundle.manifest.p_table if c.selection == "mean"]
     cube = any(vote.shape == "cube" for vote in report.bundle.votes)
-    assert report.bundle.manifest.format_version == (7 if cube else 6 if means else 5)
+    tabled = any(c.vote_table for c in report.bundle.manifest.p_table)
+    expected = 8 if tabled else 7 if cube else 6 if means else 5
+    assert report.bundle.manifest.format_version == expected
     shapes = report.bundle.manifest.vote_shapes
     assert shapes == ([v.shape for v in report.bundle.votes] if cube else None)
 

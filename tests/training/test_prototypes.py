@@ -88,11 +88,12 @@ def test_a_manifest_sharing_h_with_a_later_or_unknown_variant_is_refused(
     written = manifest["format_version"]
     # a version-1 reader must not run it without H (3 where it also holds a vote per epsilon,
     # 4 where a vote reads words, 5 where votes are drawn by the sentence-count rule, 7 where
-    # a vote is in the cube)
+    # a vote is in the cube, 8 where short documents are drawn from the hard-vote table)
     several = any(c["vote_index"] for c in manifest["p_table"])
     words = 4 if manifest.get("vote_words") else 3 if several else 2
     counted = 5 if manifest.get("vote_by_count") else words
-    assert written == (7 if "cube" in (manifest.get("vote_shapes") or ()) else counted)
+    cube = 7 if "cube" in (manifest.get("vote_shapes") or ()) else counted
+    assert written == (8 if any(c.get("vote_table") for c in manifest["p_table"]) else cube)
     manifest["format_version"] = 1
     (folder / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(InputError, match="format version"):
