@@ -72,6 +72,12 @@ released with probability within 1e-3 of 1 anyway, and the program's coefficient
 (``e^epsilon``) would grow past what the solver handles reliably. A table made below the
 epsilon charged is still epsilon-SentDP."""
 
+EPSILON_STEPS = 16
+"""Tables are made at epsilons ``2**(k / EPSILON_STEPS)``, a request's epsilon rounded down to
+the nearest (at most 4.4% less): a caller who varies epsilon from request to request cannot
+make the worker solve a new program each time, and a table made below the epsilon charged
+is still epsilon-SentDP."""
+
 WEIGHT_BITS = 52
 """Table probabilities are rounded to integers of this many bits."""
 
@@ -282,8 +288,9 @@ def makes_table(sentences: int, classes: int, epsilon: float) -> bool:
 
 def hard_vote_table(sentences: int, classes: int, epsilon: float) -> HardVoteTable:
     """The table for ``sentences``-sentence documents over ``classes`` classes, epsilon-SentDP
-    (slack included), checked exactly when made; cached, since it depends on these three
-    numbers alone (validated before the cache is consulted)."""
+    (slack included): made at :func:`grid_epsilon` of ``epsilon``, its :attr:`epsilon`, and
+    checked exactly when made; cached, since it depends on these three numbers alone
+    (validated before the cache is consulted)."""
     for name, value in (("sentences", sentences), ("classes", classes)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise InputError(f"a table's {name} is an integer, got {value!r}")
@@ -291,12 +298,25 @@ def hard_vote_table(sentences: int, classes: int, epsilon: float) -> HardVoteTab
         raise InputError(f"tables are made for 1 to {LONGEST} sentences, got {sentences}")
     if not 2 <= classes <= MOST_CLASSES:
         raise InputError(f"tables are made for 2 to {MOST_CLASSES} classes, got {classes}")
-    if table_epsilon(epsilon, classes) <= 2 * LP_MARGIN:
+    table_epsilon(epsilon, classes)  # a finite number above the slack, or InputError
+    made_at = grid_epsilon(float(epsilon))
+    if table_epsilon(made_at, classes) <= 2 * LP_MARGIN:
         raise InputError(f"a table needs epsilon above {2 * LP_MARGIN:g} plus the vote's slack")
-    return _table(sentences, classes, float(epsilon))
+    return _table(sentences, classes, made_at)
 
 
-@lru_cache(maxsize=256)
+def grid_epsilon(epsilon: float) -> float:
+    """The largest ``2**(k / EPSILON_STEPS)`` at most ``epsilon`` (> 0): what a table for a
+    request at ``epsilon`` is made at."""
+    k = math.floor(EPSILON_STEPS * math.log2(epsilon))
+    while 2.0 ** ((k + 1) / EPSILON_STEPS) <= epsilon:  # log2's rounding, either way
+        k += 1
+    while 2.0 ** (k / EPSILON_STEPS) > epsilon:
+        k -= 1
+    return float(2.0 ** (k / EPSILON_STEPS))
+
+
+@lru_cache(maxsize=4096)
 def _table(sentences: int, classes: int, epsilon: float) -> HardVoteTable:
     solution = _solve(sentences, classes, _checked_at(epsilon, classes) - LP_MARGIN)
     scale = 1 << WEIGHT_BITS

@@ -22,6 +22,7 @@ from sentdp.vote_table import (
     LONGEST,
     check,
     entries,
+    grid_epsilon,
     hard_vote_table,
     histogram,
     histograms,
@@ -77,8 +78,11 @@ def test_a_unanimous_short_document_gets_group_privacys_bound_not_half_of_it(
     n: int, epsilon: float
 ) -> None:
     classes = 13
-    right = hard_vote_table(n, classes, epsilon).probabilities([n] + [0] * (classes - 1))[0]
-    bound = math.exp(n * epsilon) / (math.exp(n * epsilon) + classes - 1)
+    table = hard_vote_table(n, classes, epsilon)
+    right = table.probabilities([n] + [0] * (classes - 1))[0]
+    made_at = table.epsilon  # epsilon rounded down to the tables' grid
+    assert epsilon * 2 ** (-1 / 16) < made_at <= epsilon
+    bound = math.exp(n * made_at) / (math.exp(n * made_at) + classes - 1)
     exponential = math.exp(n * epsilon / 2) / (math.exp(n * epsilon / 2) + classes - 1)
     assert right <= bound
     assert right >= bound - 0.005  # the LP margin and the slack cost almost nothing
@@ -162,6 +166,14 @@ def test_the_exact_check_refuses_a_table_one_entry_too_sharp() -> None:
 
 def test_the_table_depends_on_n_r_and_epsilon_alone_and_is_cached() -> None:
     assert hard_vote_table(3, 13, 1.0) is hard_vote_table(3, 13, 1.0)
+    # epsilons between two grid points share one table: varying epsilon solves nothing new
+    assert (
+        hard_vote_table(3, 13, 1.01) is hard_vote_table(3, 13, 1.04) is hard_vote_table(3, 13, 1.0)
+    )
+    assert hard_vote_table(3, 13, 1.05).epsilon == 2 ** (1 / 16)
+    for epsilon in (0.01, 0.5, 1.0, 3.0, 7.3, 10.0, 1e6):
+        made_at = grid_epsilon(epsilon)
+        assert made_at <= epsilon < made_at * 2 ** (1 / 16)
     assert set(hard_vote_table(3, 13, 1.0).weights) == set(entries(3, 13))
     assert histogram([0, 3, 1, 0, 3]) == (3, 3, 1)
 
