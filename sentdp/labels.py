@@ -103,6 +103,8 @@ def hard_counts(logits: FloatArray) -> list[int]:
     """(r,) how many of the sentences give their whole vote to each class: each sentence's
     likeliest class (the first on ties), a function of that sentence's logits alone."""
     values = np.asarray(logits)
+    if not np.isfinite(values).all():  # as votes_from_logits: damaged weights fail closed
+        raise InternalError("a vote's logits are not finite; the vote's weights are damaged")
     counts: list[int] = np.bincount(np.argmax(values, axis=1), minlength=values.shape[1]).tolist()
     return counts
 

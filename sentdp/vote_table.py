@@ -72,6 +72,10 @@ released with probability within 1e-3 of 1 anyway, and the program's coefficient
 (``e^epsilon``) would grow past what the solver handles reliably. A table made below the
 epsilon charged is still epsilon-SentDP."""
 
+CAP_KEY = 16.0
+"""Every epsilon from this grid point up gets the table made here (the program runs at
+``LP_CAP`` for all of them): one table, not one per grid point above it."""
+
 EPSILON_STEPS = 16
 """Tables are made at epsilons ``2**(k / EPSILON_STEPS)``, a request's epsilon rounded down to
 the nearest (at most 4.4% less): a caller who varies epsilon from request to request cannot
@@ -299,7 +303,7 @@ def hard_vote_table(sentences: int, classes: int, epsilon: float) -> HardVoteTab
     if not 2 <= classes <= MOST_CLASSES:
         raise InputError(f"tables are made for 2 to {MOST_CLASSES} classes, got {classes}")
     table_epsilon(epsilon, classes)  # a finite number above the slack, or InputError
-    made_at = grid_epsilon(float(epsilon))
+    made_at = min(grid_epsilon(float(epsilon)), CAP_KEY)
     if table_epsilon(made_at, classes) <= 2 * LP_MARGIN:
         raise InputError(f"a table needs epsilon above {2 * LP_MARGIN:g} plus the vote's slack")
     return _table(sentences, classes, made_at)

@@ -516,7 +516,7 @@ def with_label_choice(p_table: Sequence[PChoice], vote: VoteResult) -> list[PCho
             "label": "vote" if better else "candidate",
             "vote_macro_f1": score,
             "vote_index": vote.index_by_epsilon[key],
-            "vote_table": vote.table_by_epsilon.get(key, 0),
+            "vote_table": vote.table_by_epsilon.get(key, 0) if better else 0,
         }
         chosen.append(choice.model_copy(update=update))
     return chosen

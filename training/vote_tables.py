@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sentdp.labels import SentenceVote, hard_counts, tally_deviations, vote_probabilities
-from sentdp.vote_table import LONGEST, hard_vote_table
+from sentdp.vote_table import LONGEST, hard_vote_table, makes_table
 from training.p_selection import soft_macro_f1
 
 FloatArray = npt.NDArray[np.float64]
@@ -29,13 +29,14 @@ def limit_scores(
 ) -> list[float]:
     """Expected macro-F1 of the private vote at ``epsilon`` with each limit N = 0 ..
     :data:`~sentdp.vote_table.LONGEST` (``scores[N]``), from the documents' :meth:`logits`
-    (exact probabilities, as the service draws them)."""
+    (exact probabilities, as the service draws them: by the vote's own rule where no table
+    is made for the epsilon)."""
     counts = [len(x) for x in logits]
     deviations = np.stack([tally_deviations(vote.votes_from_logits(x)) for x in logits])
     own = vote_probabilities(deviations, epsilon, counts if vote.by_count else None)
     tabled = [
         hard_vote_table(n, vote.classes, epsilon).probabilities(hard_counts(x))
-        if n <= LONGEST
+        if n <= LONGEST and makes_table(n, vote.classes, epsilon)
         else None
         for n, x in zip(counts, logits, strict=True)
     ]

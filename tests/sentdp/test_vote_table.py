@@ -198,7 +198,8 @@ def test_the_vote_draws_short_documents_from_the_table_and_longer_ones_by_its_ow
     short, long = rng.normal(size=(3, DIM)), rng.normal(size=(6, DIM))
     table = hard_vote_table(3, vote.classes, 2.0)
     expected = np.log(table.probabilities(hard_counts(vote.logits(short))))
-    assert np.array_equal(vote.log_probs(short, 2.0, table_sentences=5), expected)
+    assert np.array_equal(vote.log_probs(short, 2.0, table_sentences=3), expected)  # n == N
+    assert np.array_equal(vote.log_probs(short, 2.0, table_sentences=2), vote.log_probs(short, 2.0))
     assert not np.allclose(vote.log_probs(short, 2.0), expected)  # its own rule differs
     assert np.array_equal(vote.log_probs(long, 2.0, table_sentences=5), vote.log_probs(long, 2.0))
     bounded = vote.log_probs(short, 2.0, bounded_range=True)
@@ -233,3 +234,11 @@ def test_a_bundle_with_a_table_limit_says_version_8_and_keeps_it(tmp_path: Path)
     replace(bundle, manifest=tabled).save(tmp_path / "saved")
     loaded = Bundle.load(tmp_path / "saved")
     assert [c.vote_table for c in loaded.manifest.p_table] == [4] * len(p_table)
+
+
+def test_two_bundles_share_a_vote_only_if_they_draw_short_documents_alike() -> None:
+    from evaluation.experiment import _same_vote
+    from tests.service.fakes import tiny_bundle
+
+    assert _same_vote(tiny_bundle(vote=True, table=3), tiny_bundle(vote=True, table=3))
+    assert not _same_vote(tiny_bundle(vote=True, table=3), tiny_bundle(vote=True))

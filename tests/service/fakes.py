@@ -43,13 +43,16 @@ def tiny_bundle(
     by_count: bool = False,
     mean: bool = False,
     cube: bool = False,
+    table: int = 0,
 ) -> Bundle:
     """Two variants; with ``vote``, a SentenceVote that /classify uses at epsilon 1 (below 5);
     with ``second_vote`` too, two votes, the p table running vote 1 at epsilon 1; with
     ``words``, the last vote also reads its sentences' words (:data:`WORDS`); with
     ``by_count``, the votes are drawn by the sentence-count rule (format version 5); with
     ``mean``, epsilon 5 draws its candidate by the clipped-mean rule at :data:`RADIUS`
-    (format version 6); with ``cube``, the last vote votes in the cube (format version 7)."""
+    (format version 6); with ``cube``, the last vote votes in the cube (format version 7);
+    with ``table``, epsilon 1 draws documents of at most that many sentences from the
+    hard-vote table (format version 8)."""
     if words and not vote:
         raise ValueError("a tiny bundle reads words only in a vote: pass vote=True too")
     rng = np.random.default_rng(seed)
@@ -79,7 +82,19 @@ def tiny_bundle(
     )
     manifest = BundleManifest(
         format_version=(
-            7 if cube else 6 if mean else 5 if by_count else 4 if words else 3 if second_vote else 1
+            8
+            if table
+            else 7
+            if cube
+            else 6
+            if mean
+            else 5
+            if by_count
+            else 4
+            if words
+            else 3
+            if second_vote
+            else 1
         ),
         vote_words=TOKENIZER if words else None,
         vote_by_count=by_count,
@@ -107,6 +122,7 @@ def tiny_bundle(
                 p=3,
                 label="vote" if vote else "candidate",
                 vote_index=1 if second_vote else 0,
+                vote_table=table,
             ),
             PChoice(epsilon=5.0, variant="paper", p=1, selection="mean", radius=RADIUS)
             if mean
@@ -170,6 +186,7 @@ class FakeWorker:
                     [item.epsilon],
                     texts=[item.sentences],
                     bounded_range=item.bounded_range,
+                    table_sentences=item.vote_table,
                 )
                 self.journal.append(item.charge_id)
                 results.append(

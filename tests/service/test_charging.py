@@ -275,6 +275,43 @@ def test_a_zcdp_tenant_s_votes_are_drawn_with_bounded_range(ledger: SqlLedger) -
     assert chisquare(acme, bounded * sum(acme)).pvalue < 1e-6
 
 
+def test_the_gateway_sends_the_p_table_s_table_limit_and_short_documents_follow_the_table(
+    ledger: SqlLedger,
+) -> None:
+    """The work item carries the p table's ``vote_table``, so a pure-epsilon tenant's
+    three-sentence documents are drawn from the hard-vote table (limit 3: the boundary),
+    a zCDP tenant's never."""
+    from scipy.stats import chisquare
+
+    from sentdp.labels import hard_counts
+    from sentdp.vote_table import hard_vote_table
+
+    bundle = tiny_bundle(vote=True, table=3)
+    worker = FakeWorker(bundle)
+    flow = charging(ledger, worker, bundle=bundle)
+    sentences = ["The team lost.", "A new phone.", "The team won."]
+    observed = dict.fromkeys(bundle.labels, 0)
+    for n in range(300):  # 1,200 draws
+        _, body = run(
+            flow,
+            request(
+                user=f"u{n}",
+                epsilon=1.0,
+                with_labels=True,
+                documents=[{"sentences": sentences}] * 4,
+            ),
+        )
+        for document in body["documents"]:
+            observed[document["label"]] += 1
+    vote = bundle.votes[0]
+    embedded = np.stack([embed(s) for s in sentences])
+    table = hard_vote_table(3, vote.classes, 1.0).probabilities(hard_counts(vote.logits(embedded)))
+    own = np.exp(vote.log_probs(embedded, 1.0))
+    counts = [observed[label] for label in bundle.labels]
+    assert chisquare(counts, table * sum(counts)).pvalue > UNSEEDED_FIT
+    assert chisquare(counts, own * sum(counts)).pvalue < 1e-6  # the test sees which ran
+
+
 def test_a_vote_s_epsilon_must_clear_the_vote_s_own_slack(ledger: SqlLedger) -> None:
     """32 classes: the vote's float slack (~2e-6) is above the charge unit and above the
     variant's (32 candidates), so the gateway must refuse what the worker could not run."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -71,6 +73,13 @@ def test_the_table_takes_the_vote_only_where_it_scored_higher() -> None:
     ]
     assert [(c.variant, c.p) for c in chosen] == [("paper", 5), ("paper", 5)]
     assert [c.vote_index for c in chosen] == [result.index_by_epsilon[e] for e in ("1", "50")]
+    # the table's limit goes with the vote, where the vote gives the label
+    tabled = dataclasses.replace(
+        result, table_by_epsilon={"1": 4, "50": 2}, table_macro_f1={"1": 0.9, "50": 0.95}
+    )
+    chosen = with_label_choice(table, tabled)
+    assert [c.vote_table for c in chosen] == [4, 0]
+    assert chosen[0].vote_macro_f1 == 0.9
 
 
 def fit(scores: dict[str, float], name: float) -> label_vote_module.VoteFit:
