@@ -6,7 +6,10 @@ Run: ``.venv/bin/python -m evaluation.vote_selection TAG [TAG ...]`` prints, per
 validation and test figures at the grid's epsilons; with ``--short``, also the corpus's
 one-sentence documents, which the loader keeps out of every split (short texts the votes were
 neither fitted nor chosen on). The vote's classifier and temperature are
-the bundle's, so only the selection differs (whichever rule the bundle itself runs).
+the bundle's, so only the selection differs (whichever rule the bundle itself runs). Short
+documents the bundle draws from the hard-vote table (format version 8) are scored here by the
+vote's own rules, since the table is what these rules are compared against in
+:mod:`evaluation.vote_lp`.
 """
 
 from __future__ import annotations
