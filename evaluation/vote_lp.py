@@ -29,7 +29,7 @@ The second (:func:`cutoffs`) needs no fitting: :mod:`sentdp.vote_table`'s data-f
 sampler would draw it, for documents of at most N sentences and the served vote for longer
 ones; validation chooses N per epsilon and test is reported at that N. Clothing reviews,
 2026-11-27, test macro-F1 without and with it: epsilon 0.5, 0.120 -> 0.145 (N = 9); 1, 0.192
--> 0.228 (N = 9); 2, 0.337 -> 0.354 (N = 8); 3, 0.430 -> 0.438 (N = 3); 6, no table chosen.
+-> 0.228 (N = 9); 2, 0.337 -> 0.354 (N = 8); 3, 0.430 -> 0.437 (N = 3); 6, no table chosen.
 
 Run: ``.venv/bin/python -m evaluation.vote_lp TAG [TAG ...] [--epsilons 1 3]``.
 """
