@@ -25,9 +25,10 @@ limit it is drawn that way for the n where a public rule prefers it to permute-a
 
 A document of at most N sentences (N chosen on validation per epsilon, the p table's
 ``vote_table``) is drawn instead from :mod:`sentdp.vote_table`: each sentence's whole vote
-goes to its likeliest class, and the best epsilon-SentDP table over such hard votes releases
-a class. Which rule draws a document depends on its sentence count only, which neighbours
-share, so each document is drawn by one epsilon-SentDP rule.
+goes to its likeliest class, and an epsilon-SentDP table over such hard votes (a linear
+program's, made without data) releases a class. Which rule draws a document depends on its
+sentence count only, which neighbours share, so each document is drawn by one
+epsilon-SentDP rule.
 
 Neither permute-and-flip, the calibrated mechanism nor the table has epsilon-bounded range (the
 spread of an outcome's log ratio between neighbours can reach about 2 epsilon), which the

@@ -297,11 +297,13 @@ def build_bundle(
         shapes=config.vote_shapes,
     )
     p_table = with_label_choice(p_table, vote)
-    for key, limit in vote.table_by_epsilon.items():
-        console.print(
-            f"SentenceVote at ε={key}: documents of at most {limit} sentences drawn from the "
-            f"hard-vote table (expected validation macro-F1 {vote.table_macro_f1[key]:.3f})"
-        )
+    for choice in p_table:  # where the vote gives the label and validation chose a table
+        if choice.vote_table:
+            console.print(
+                f"SentenceVote at ε={choice.epsilon:g}: documents of at most "
+                f"{choice.vote_table} sentences drawn from the hard-vote table (expected "
+                f"validation macro-F1 {choice.vote_macro_f1:.3f})"
+            )
     for index, fit in enumerate(vote.fits):
         runs_at = [e for e, i in vote.index_by_epsilon.items() if i == index]
         words = fit.word_regularisation
