@@ -84,10 +84,14 @@ def cube_bundle_tag(quick_bundle_tag: str) -> str:
 
     bundle = load_from_store(quick_bundle_tag)
     votes = tuple(calibrated(vote, *cube_calibration(vote)) for vote in bundle.votes)
+    # every document by the cube vote's own rule (the path under test), not the hard-vote
+    # table validation may have chosen for the quick bundle's other votes
+    p_table = [choice.model_copy(update={"vote_table": 0}) for choice in bundle.manifest.p_table]
     manifest = bundle.manifest.model_copy(
         update={
             "format_version": max(7, bundle.manifest.format_version),
             "vote_shapes": ["cube"] * len(votes),
+            "p_table": p_table,
         }
     )
     derived = dataclasses.replace(bundle, votes=votes, manifest=manifest)

@@ -289,7 +289,8 @@ def test_the_gateway_sends_the_p_table_s_table_limit_and_short_documents_follow_
     bundle = tiny_bundle(vote=True, table=3)
     worker = FakeWorker(bundle)
     flow = charging(ledger, worker, bundle=bundle)
-    sentences = ["The team lost.", "A new phone.", "The team won."]
+    # unanimous hard votes: where the table is sharpest, so 1,200 draws tell the rules apart
+    sentences = ["The team won."] * 3
     observed = dict.fromkeys(bundle.labels, 0)
     for n in range(300):  # 1,200 draws
         _, body = run(

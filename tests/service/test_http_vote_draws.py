@@ -84,10 +84,15 @@ def test_each_tenant_s_votes_follow_its_accountant_s_draw(
     assert bundle.manifest.vote_by_count  # one sentence: the count rule differs from the EM
     vote = bundle.vote_for(epsilon)
     run_at = epsilon_of_charge(charge_for(epsilon))
+    limit = bundle.manifest.choice_for(epsilon).vote_table  # as the gateway sends it
 
     def exact(sentence: str, bounded: bool) -> np.ndarray:
         embedded = encoder.encode([sentence])
-        return np.exp(vote.log_probs(embedded, run_at, [sentence], bounded_range=bounded))
+        return np.exp(
+            vote.log_probs(
+                embedded, run_at, [sentence], bounded_range=bounded, table_sentences=limit
+            )
+        )
 
     # the sentence whose two draws differ most (total variation), so 2,000 draws tell them apart
     sentence = max(CANDIDATES, key=lambda s: float(np.abs(exact(s, True) - exact(s, False)).sum()))
