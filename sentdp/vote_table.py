@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
 from types import MappingProxyType
@@ -151,6 +151,7 @@ class HardVoteTable:
     epsilon: float
     """The guarantee, slack included (what a request is charged)."""
     weights: Mapping[Entry, int]
+    _probabilities: Mapping[Entry, Fraction] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
@@ -158,6 +159,8 @@ class HardVoteTable:
             raise InternalError("a table needs one weight for every entry")
         if min(self.weights.values()) < 0:
             raise InternalError("a table's weights are integers >= 0")
+        exact = {entry: self._exact(entry) for entry in self.weights}
+        object.__setattr__(self, "_probabilities", MappingProxyType(exact))
         check(self, _checked_at(self.epsilon, self.classes))
 
     def total(self, lam: Partition) -> int:
@@ -168,7 +171,11 @@ class HardVoteTable:
         )
 
     def exact(self, entry: Entry) -> Fraction:
-        """The exact probability of releasing one class of ``entry``, the floor included."""
+        """The exact probability of releasing one class of ``entry``, the floor included
+        (computed once, when the table is made)."""
+        return self._probabilities[entry]
+
+    def _exact(self, entry: Entry) -> Fraction:
         r = self.classes
         share = Fraction(self.weights[entry], self.total(entry[0]))
         return Fraction(GAMMA) / r + (1 - Fraction(GAMMA)) * share
@@ -235,9 +242,8 @@ def check(table: HardVoteTable, epsilon: float) -> None:
     probabilities (floor included) is at most ``e^epsilon``. (Each histogram's probabilities
     sum to 1 by construction: each weight is taken relative to its histogram's total.)"""
     bound = _exp_below(epsilon)
-    exact = {entry: table.exact(entry) for entry in table.weights}
     for before, after in neighbour_pairs(table.sentences, table.classes):
-        if exact[before] > bound * exact[after]:
+        if table.exact(before) > bound * table.exact(after):
             raise InternalError(
                 f"the table for n={table.sentences}, r={table.classes}, epsilon="
                 f"{table.epsilon!r} exceeds e^epsilon between {before} and {after}"
