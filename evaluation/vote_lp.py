@@ -44,12 +44,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from sentdp.bundle import Bundle
 from sentdp.vote_table import (
     LONGEST,
     Entry,
     entries,
-    hard_vote_table,
     histogram,
     histograms,
     neighbour_pairs,
@@ -59,6 +57,8 @@ FloatArray = npt.NDArray[np.float64]
 
 LARGEST = LONGEST
 """Documents of more sentences than this keep the served rule."""
+
+SPLITS = ("validation", "test")
 
 
 @dataclass(frozen=True)
@@ -191,72 +191,37 @@ def compare(
     return rows
 
 
-def _served_and_table(
-    bundle: Bundle, split: str, epsilon: float
-) -> tuple[list[int], list[int], list[FloatArray], list[FloatArray]]:
-    """Each document of ``split``: its sentence count, true class, the served vote's
-    probabilities and the data-free table's (:mod:`sentdp.vote_table`, exact, floor
-    included; the served vote's above :data:`LARGEST` sentences)."""
-    from evaluation.experiment import embedded_corpus
-    from evaluation.vote_selection import split_documents
-    from sentdp.labels import tally_deviations, vote_probabilities
-    from training.settings import load_settings
-
-    corpus, splits, _, embeddings = embedded_corpus(bundle, load_settings())
-    texts, vectors, truth = split_documents(corpus, splits, embeddings, split)
-    classes = len(corpus.labels)
-    vote = bundle.votes[bundle.manifest.choice_for(epsilon).vote_index]
-    lengths, served, table = [], [], []
-    for x, t in zip(vectors, texts, strict=True):
-        logits = vote.logits(x, t)
-        n = len(logits)
-        deviations = tally_deviations(vote.votes_from_logits(logits))[None, :]
-        own = vote_probabilities(deviations, epsilon, [n] if vote.by_count else None)[0]
-        lengths.append(n)
-        served.append(own)
-        if n <= LARGEST:
-            counts = np.bincount(np.argmax(logits, axis=1), minlength=classes).tolist()
-            table.append(hard_vote_table(n, classes, epsilon).probabilities(counts))
-        else:
-            table.append(own)
-    return lengths, truth, served, table
-
-
-def _macro_f1_up_to(
-    longest: int,
-    lengths: Sequence[int],
-    truth: Sequence[int],
-    served: Sequence[FloatArray],
-    table: Sequence[FloatArray],
-) -> float:
-    """Expected macro-F1 when documents of at most ``longest`` sentences get the table."""
-    from training.p_selection import soft_macro_f1
-
-    classes = len(served[0])
-    confusion = np.zeros((classes, classes))
-    for n, y, own, tabled in zip(lengths, truth, served, table, strict=True):
-        confusion[y] += tabled if n <= longest else own
-    return soft_macro_f1(confusion)
-
-
 def cutoffs(
     tag: str, epsilons: Sequence[float]
 ) -> list[tuple[float, list[float], int, float, float]]:
     """Per epsilon: validation macro-F1 when documents of at most N sentences get the
     data-free table (N = 0, no table, to :data:`LARGEST`), the N validation chooses, and
-    test's macro-F1 without the table and with it at that N."""
+    test's macro-F1 without the table and with it at that N (training's own scoring,
+    :func:`training.vote_tables.limit_scores`, with the bundle's vote at each epsilon)."""
+    from evaluation.experiment import embedded_corpus
     from evaluation.tables import bundles
+    from evaluation.vote_selection import split_documents
+    from training.settings import load_settings
+    from training.vote_tables import choose_limit, limit_scores
 
     bundle = next(iter(bundles([tag])))
+    corpus, splits, _, embeddings = embedded_corpus(bundle, load_settings())
+    documents = {split: split_documents(corpus, splits, embeddings, split) for split in SPLITS}
+    logits: dict[tuple[int, str], list[FloatArray]] = {}
     rows = []
     for epsilon in epsilons:
-        validation = _served_and_table(bundle, "validation", epsilon)
-        scores = [_macro_f1_up_to(n, *validation) for n in range(LARGEST + 1)]
-        chosen = int(np.argmax(scores))
-        test = _served_and_table(bundle, "test", epsilon)
-        rows.append(
-            (epsilon, scores, chosen, _macro_f1_up_to(0, *test), _macro_f1_up_to(chosen, *test))
-        )
+        index = bundle.manifest.choice_for(epsilon).vote_index
+        vote = bundle.votes[index]
+        scores = {}
+        for split, (texts, vectors, truth) in documents.items():
+            if (index, split) not in logits:
+                logits[(index, split)] = [
+                    vote.logits(x, t) for x, t in zip(vectors, texts, strict=True)
+                ]
+            scores[split] = limit_scores(vote, logits[(index, split)], truth, epsilon)
+        chosen = choose_limit(scores["validation"])
+        test = scores["test"]
+        rows.append((epsilon, scores["validation"], chosen, test[0], test[chosen]))
     return rows
 
 
