@@ -16,7 +16,7 @@ general one replaced sentence can raise one class's tally and lower another's. W
 that sum to n the program can do much better for short documents: a unanimous 3-sentence
 document of 13 classes gets its class with probability e^3 / (e^3 + 12) = 0.626 at epsilon 1,
 group privacy's bound, against 0.272 from the exponential mechanism. Measured on clothing
-reviews' validation split (README, "A table for short documents"), it is ahead of the cube
+reviews' validation split (docs/utility.md, "A table for short documents"), it is ahead of the cube
 vote for short documents at epsilon <= 3 and behind it for long ones, where graded votes
 count for more than the better rule.
 

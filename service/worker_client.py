@@ -82,7 +82,7 @@ two calls are queued and one it holds until three are, each hold bounded by a mu
 batch times measured so far. At concurrency 1 the last two are single user requests held
 about 1.5 and 2 batch times: 0.3 and 0.4 s with 0.2 s batches (in-process, BentoML's
 dispatcher), about 11 ms per request of a 60-request run at concurrency 1 after 8 warm-up
-requests (torch and int8 encoders on a slow 2-core machine; README, "The batching
+requests (torch and int8 encoders on a slow 2-core machine; docs/performance.md, "The batching
 dispatcher's training")."""
 
 
