@@ -172,15 +172,17 @@ class ExactLoss:
             self.log_probs(pair.d2, epsilon, pair.endpoint),
         )
 
-    def events(self, pair: Pair, epsilon: float, samples: int) -> list[set[int]]:
-        """Output events chosen from the public bundle alone: the outcomes whose exact
-        probability is most raised by D over D' (and the reverse), as many as maximise the
-        bound expected from ``samples`` draws per side (global candidate ids)."""
+    def events(self, pair: Pair, epsilon: float, samples: int) -> tuple[set[int], set[int]]:
+        """Output events chosen from the public bundle alone: (raised, lowered), the outcomes
+        whose exact probability D raises most over D', and those D' raises most over D, as
+        many as maximise the bound expected from ``samples`` draws per side (global
+        candidate ids)."""
         offset = self.offset(epsilon, pair.endpoint)
-        return [
+        raised, lowered = (
             {offset + int(o) for o in event}
             for event, _ in self._best_events(pair, epsilon, samples)
-        ]
+        )
+        return raised, lowered
 
     def expected_bound(self, pair: Pair, epsilon: float, samples: int) -> float:
         """The lower bound the audit should reach with ``samples`` draws per side, if every
@@ -421,16 +423,15 @@ def audit_pair(
     first, second = pair.inputs()
     d = sampler(first, epsilon, samples)
     d2 = sampler(second, epsilon, samples)
-    events = loss.events(pair, epsilon, samples)
+    raised, lowered = loss.events(pair, epsilon, samples)
     spread: dict[str, float] = {}
     if loss.bounded_range:  # a zCDP tenant: its loss range is tested too, at half the error
         confidence = 1 - (1 - confidence) / 2
-        raised, lowered = events
         spread = {
             "exact_range": loss.loss_range(pair, epsilon),
             "range_lower_bound": range_bound(d, d2, raised, lowered, confidence),
         }
-    bound = lower_bound(d, d2, confidence, events)
+    bound = lower_bound(d, d2, confidence, [raised], [lowered])
     return PairResult(
         pair=pair.name,
         epsilon=epsilon,

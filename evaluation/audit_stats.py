@@ -69,29 +69,40 @@ def choose_event(first: Sequence[int], second: Sequence[int], alpha: float) -> t
 
 
 def event_bound(
-    outcomes_d: Sequence[int], outcomes_d2: Sequence[int], event: set[int], confidence: float
+    outcomes_d: Sequence[int],
+    outcomes_d2: Sequence[int],
+    event: set[int],
+    confidence: float,
+    reverse: bool = False,
 ) -> Bound:
     """The bound for an event chosen without looking at the samples (from public knowledge
-    such as the bundle's exact probabilities): every sample estimates it."""
-    hits = sum(o in event for o in outcomes_d)
-    other = sum(o in event for o in outcomes_d2)
-    bound = ratio_bound(hits, other, len(outcomes_d), len(outcomes_d2), 1 - confidence)
-    return Bound(bound, tuple(sorted(event)), "public event", len(outcomes_d) + len(outcomes_d2))
+    such as the bundle's exact probabilities): every sample estimates it. ``reverse``: the
+    event is one that D' raises over D, so the bound is on ``ln P_D'(S) - ln P_D(S)``."""
+    first, second = (outcomes_d2, outcomes_d) if reverse else (outcomes_d, outcomes_d2)
+    hits = sum(o in event for o in first)
+    other = sum(o in event for o in second)
+    bound = ratio_bound(hits, other, len(first), len(second), 1 - confidence)
+    direction = "public event, D' over D" if reverse else "public event, D over D'"
+    return Bound(bound, tuple(sorted(event)), direction, len(outcomes_d) + len(outcomes_d2))
 
 
 def lower_bound(
     outcomes_d: Sequence[int],
     outcomes_d2: Sequence[int],
     confidence: float = 0.95,
-    public_events: Sequence[set[int]] = (),
+    raised: Sequence[set[int]] = (),
+    lowered: Sequence[set[int]] = (),
 ) -> Bound:
     """A lower bound on the pair's privacy loss, valid with probability ``confidence``: the
-    best of events chosen on half of the samples (both directions) and of ``public_events``
-    (chosen without the samples), with the confidence split between all of them."""
-    tries = 2 + len(public_events)
+    best of events chosen on half of the samples (both directions) and of public events
+    (chosen without the samples): ``raised``, events D raises over D', each tested as D over
+    D', and ``lowered``, events D' raises over D, tested as D' over D. The confidence is split
+    between all of them."""
+    public = [(event, False) for event in raised] + [(event, True) for event in lowered]
+    tries = 2 + len(public)
     best = _split_bound(outcomes_d, outcomes_d2, 1 - (1 - confidence) * 2 / tries)
-    for event in public_events:
-        found = event_bound(outcomes_d, outcomes_d2, event, 1 - (1 - confidence) / tries)
+    for event, reverse in public:
+        found = event_bound(outcomes_d, outcomes_d2, event, 1 - (1 - confidence) / tries, reverse)
         if found.epsilon_lower > best.epsilon_lower:
             best = found
     return best

@@ -8,6 +8,7 @@ over HTTP exactly as ``sentdp-audit`` audits a deployment.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,7 +70,10 @@ def in_process(loss: ExactLoss, scale: float = 1.0, cached: bool = False, seed: 
         variant = bundle.variant(choice.variant)
         recoded = recode(variant.recoder, loss.encoder.encode(sentences))
         run_at = epsilon_of_charge(charge_for(epsilon)) * scale
-        rng = np.random.default_rng(abs(hash(tuple(sentences))) % 2**32) if cached else generator
+        # a content cache: the same sentences, the same draw (sha256, not hash(), so that
+        # every run of this test sees the same draws: hash() of text changes from run to run)
+        key = hashlib.sha256("\x00".join(sentences).encode()).digest()
+        rng = np.random.default_rng(int.from_bytes(key[:8])) if cached else generator
         drawn = variant.mechanism().sample_batch(
             [recoded] * (1 if cached else n), [run_at] * (1 if cached else n), None, rng
         )
@@ -243,7 +247,9 @@ MUTANT_AUDIT = {
     # declared epsilon, samples per side, pairs: each flagged with these queries (see note)
     "epsilon-doubled": (3.0, 1600, "sentences"),
     "fixed-randomness": (1.0, 160, "sentences"),
-    "naive-splitter": (2.0, 3200, "text"),
+    # 3,200 left one pair of two unflagged 38-53% of the time: the test failed up to 2.2e-4
+    # of runs; 4,800 bring that under 1e-6 (an estimate from the exact distributions)
+    "naive-splitter": (2.0, 4800, "text"),
 }
 
 
@@ -297,6 +303,8 @@ def test_a_live_audit_of_the_honest_server_flags_nothing(
     assert [r.form for r in results] == ["sentences", "text", "sentences → label"]
     assert all(r.exact_epsilon <= 1.0 for r in results)
     assert not any(r.flagged for r in results), results
-    assert min(r.fit_pvalue for r in results) > 1e-4  # the server draws what the bundle says
+    # the server draws what the bundle says; not at the report's 1e-4, which three pairs
+    # (one of 5 sparse label cells) would miss in about 5e-4 of honest runs
+    assert min(r.fit_pvalue for r in results) > 1e-8
     write_report(results, tmp_path, RunInfo("sentdp-audit (test)", "honest", 1.0, 9600))
     assert "| text0" in (tmp_path / "audit.md").read_text()

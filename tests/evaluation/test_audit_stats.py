@@ -9,6 +9,7 @@ import pytest
 
 from evaluation.audit_stats import (
     clopper_pearson,
+    event_bound,
     fit_pvalue,
     lower_bound,
     range_bound,
@@ -56,6 +57,23 @@ def test_a_mechanism_running_at_four_times_its_epsilon_is_flagged() -> None:
     assert bound.epsilon_lower > 1.0  # declared 1: flagged
     assert bound.direction in {"D over D'", "D' over D"}
     assert math.isfinite(bound.epsilon_lower)
+
+
+def test_an_event_that_d2_raises_is_tested_as_d2_over_d() -> None:
+    """The second public event (outcomes D' makes likelier) bounds ln P_D'(S) - ln P_D(S);
+    tested the other way round it could never show a loss."""
+    rng = np.random.default_rng(3)
+    p = np.full(20, 1 / 20)  # D: uniform
+    p2 = np.full(20, 0.5 / 19)
+    p2[0] = 0.5  # D': ten times D's probability of outcome 0 (loss ln 10 = 2.3 that way)
+    d = rng.choice(20, size=2000, p=p).tolist()
+    d2 = rng.choice(20, size=2000, p=p2).tolist()
+    assert event_bound(d, d2, {0}, 0.99, reverse=True).epsilon_lower > 1.8
+    assert event_bound(d, d2, {0}, 0.99).epsilon_lower == 0.0
+    with_events = lower_bound(d, d2, 0.95, raised=[set(range(1, 20))], lowered=[{0}])
+    assert with_events.direction == "public event, D' over D"
+    assert with_events.epsilon_lower > lower_bound(d, d2, 0.95).epsilon_lower > 0
+    assert with_events.epsilon_lower <= math.log(10)
 
 
 def test_the_fit_test_accepts_the_exact_distribution_and_rejects_a_near_one() -> None:
