@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from sentdp_client import BudgetExhaustedError, Client, Document
+from sentdp_client import AuthenticationError, BudgetExhaustedError, Client, Document, SentDPError
 
 
 def main(url: str, api_key: str) -> None:
@@ -36,4 +36,9 @@ def main(url: str, api_key: str) -> None:
 if __name__ == "__main__":
     if len(sys.argv) != 3:
         sys.exit("usage: python -m sentdp_client.example URL API_KEY")
-    main(sys.argv[1], sys.argv[2])
+    try:
+        main(sys.argv[1], sys.argv[2])
+    except AuthenticationError as refused:  # e.g. a key file's path instead of the key
+        sys.exit(f'{refused} (pass the key itself, e.g. "$(cat .sentdp/demo-api-key)")')
+    except SentDPError as failed:  # the server refused, or could not be reached
+        sys.exit(str(failed))

@@ -113,10 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="count each tenant's stored reply bytes again (after a rolling upgrade from "
         "schema 4, once no older replica is left)",
     )
-    for name in ("budget", "new-period"):
-        sub = commands.add_parser(name)
-        sub.add_argument("--tenant", required=True)
-        sub.add_argument("--user", required=True)
+    for name, text in (
+        ("budget", "print a user's spend and what is left of the budget (JSON)"),
+        ("new-period", "start a new budget period for a user (their spend back to 0)"),
+    ):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("--tenant", required=True, help="the tenant's id")
+        sub.add_argument("--user", required=True, help="the user's id, as requests name it")
     return parser
 
 

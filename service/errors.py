@@ -32,6 +32,8 @@ class Code(StrEnum):
     TENANT_BUSY = "tenant_busy"
     BUDGET_EXHAUSTED = "budget_exhausted"
     UNKNOWN_MODEL = "unknown_model"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
     IDEMPOTENCY_KEY_IN_FLIGHT = "idempotency_key_in_flight"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     ACCOUNTANT_CHANGED = "accountant_changed"
@@ -59,6 +61,8 @@ STATUS: dict[Code, HTTPStatus] = {
     Code.TENANT_BUSY: HTTPStatus.TOO_MANY_REQUESTS,
     Code.BUDGET_EXHAUSTED: HTTPStatus.PAYMENT_REQUIRED,
     Code.UNKNOWN_MODEL: HTTPStatus.NOT_FOUND,
+    Code.NOT_FOUND: HTTPStatus.NOT_FOUND,
+    Code.METHOD_NOT_ALLOWED: HTTPStatus.METHOD_NOT_ALLOWED,
     Code.IDEMPOTENCY_KEY_IN_FLIGHT: HTTPStatus.CONFLICT,
     Code.IDEMPOTENCY_KEY_REUSED: HTTPStatus.UNPROCESSABLE_ENTITY,
     Code.ACCOUNTANT_CHANGED: HTTPStatus.CONFLICT,

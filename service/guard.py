@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -161,14 +162,23 @@ class DepthScans:
         return deeper
 
 
+ROUTING_ERRORS = {
+    404: (Code.NOT_FOUND, "no such endpoint; the API is POST /privatize, /classify, /budget"),
+    405: (Code.METHOD_NOT_ALLOWED, "this endpoint does not take that method (see Allow)"),
+}
+"""The routing answers the web framework gives as plain text, and what sentdp says instead."""
+
+
 def uniform_errors(send: Send) -> Send:
-    """Rewrite BentoML's own 400 bodies (``{"error": str, "detail": [...]}``) into sentdp's
-    shape ``{"error": {"code": "invalid_body", "message": ..., "detail": [...]}}``."""
+    """Rewrite the web framework's own error bodies into sentdp's shape
+    ``{"error": {"code": ..., "message": ...}}``: BentoML's 400 (``{"error": str, "detail":
+    [...]}``) becomes ``invalid_body``, a plain-text 404 or 405 ``not_found`` or
+    ``method_not_allowed``. sentdp's own errors (already in that shape) pass unchanged."""
     held: Message | None = None
 
     async def wrapped(message: Message) -> None:
         nonlocal held
-        if message["type"] == "http.response.start" and message["status"] == 400:
+        if message["type"] == "http.response.start" and message["status"] in (400, 404, 405):
             held = message
             return
         if held is None or message["type"] != "http.response.body":
@@ -176,19 +186,52 @@ def uniform_errors(send: Send) -> Send:
             return
         start, held = held, None
         body = message.get("body", b"")
-        try:
-            data = json.loads(body)
-        except ValueError:
-            data = None
-        if isinstance(data, dict) and isinstance(data.get("error"), str):
-            extra = {"detail": data["detail"]} if "detail" in data else {}
-            body = json.dumps(envelope(Code.INVALID_BODY, data["error"], **extra)).encode()
-            headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
-            start = {**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+        if not message.get("more_body"):  # a whole body: one chunk
+            rewritten = _uniform_body(start["status"], body)
+            if rewritten is not None:
+                body = rewritten
+                headers = [
+                    (k, v)
+                    for k, v in start["headers"]
+                    if k.lower() not in (b"content-length", b"content-type")
+                ]
+                start = {
+                    **start,
+                    "headers": [
+                        *headers,
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
         await send(start)
         await send({**message, "body": body})
 
     return wrapped
+
+
+def _uniform_body(status: int, body: bytes) -> bytes | None:
+    """The body in sentdp's error shape, or None when it already is (or is not an error the
+    framework made)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        return None  # sentdp's own
+    if status == 400:
+        if not (isinstance(data, dict) and isinstance(data.get("error"), str)):
+            return None
+        extra = {"detail": data["detail"]} if "detail" in data else {}
+        message = body_error_message(data["error"])
+        return json.dumps(envelope(Code.INVALID_BODY, message, **extra)).encode()
+    code, message = ROUTING_ERRORS[status]
+    return json.dumps(envelope(code, message)).encode()
+
+
+def body_error_message(message: str) -> str:
+    """BentoML's message for a body that fails validation, without the name of the class
+    BentoML made for the endpoint ("1 validation error for PrivatizeRequestIODescriptor")."""
+    return re.sub(r"\bfor \w*IODescriptor\b", "in the request body", message)
 
 
 def declared_length(digits: bytes) -> int:
@@ -249,7 +292,8 @@ class GuardMiddleware:
                 await send_error(send, *refusal)
                 return
         if scope["type"] != "http" or scope.get("path") not in PROTECTED_PATHS:
-            await self.app(scope, receive, send)
+            plain = scope["type"] != "http" or scope.get("method") == "HEAD"  # HEAD: no body
+            await self.app(scope, receive, send if plain else uniform_errors(send))
             return
         tenant = self.registry.authenticate(bearer_token(scope))
         refusal = self._refusal(tenant is not None, scope.get("headers", []))

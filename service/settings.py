@@ -137,7 +137,8 @@ class ServiceSettings(BaseSettings):
     activations are the top of the worker's memory (torch, BBC News, concurrency 32: the
     whole server peaked at 989-1,067 MiB with 64 rows, 935-953 MiB with 32; the encoder alone
     ran 2% slower, measured). On an H100, where every pass has this fixed shape: concurrency 1
-    863 against 683 sentences/s with 64 rows, concurrency 32 2,923 against 2,982 (docs/performance.md)."""
+    863 against 683 sentences/s with 64 rows, concurrency 32 2,923 against 2,982
+    (docs/performance.md)."""
     cpu_fixed_batch_size: int = Field(default=8, ge=1)
     """Rows of every encoder pass on the CPU when the start-up check asks for fixed-shape
     batches: each bucket of a batch is padded to a multiple of this, so a small value wastes

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from service import guard
-from service.guard import GuardMiddleware, bearer_token, is_json, json_depth_exceeds
+from service.guard import (
+    GuardMiddleware,
+    bearer_token,
+    body_error_message,
+    is_json,
+    json_depth_exceeds,
+)
 from service.metrics import metric
 from service.settings import REQUEST_OVERHEAD_BYTES
 from service.tenants import Tenant, TenantRegistry, hash_key
@@ -434,3 +440,62 @@ def test_a_refusal_sent_slowly_is_not_cut_short_by_the_body_timeout() -> None:
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert sent[0]["status"] == 413
     assert middleware.bodies._inflight == {}
+
+
+def test_a_body_error_names_no_internal_class() -> None:
+    message = "1 validation error for PrivatizeRequestIODescriptor\nuser\n  too short"
+    assert (
+        body_error_message(message) == "1 validation error in the request body\nuser\n  too short"
+    )
+    assert body_error_message("Invalid JSON") == "Invalid JSON"
+
+
+def answered(
+    status: int, body: bytes, path: str, method: str = "GET", headers: tuple = ()
+) -> tuple[dict[str, Any], bytes]:
+    """What the client gets when the app behind the guard answers ``status`` with ``body``
+    (the app as BentoML's router answers a route it does not have)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        start = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": [*start, *headers]})
+        await send({"type": "http.response.body", "body": body})
+
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "path": path, "method": method, "headers": [AUTH]}
+    asyncio.run(guarded(app)(scope, receive, send))
+    start, message = sent
+    return start, message["body"]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "path", "code"),
+    [
+        (405, b"Method Not Allowed", "/budget", "method_not_allowed"),  # GET on a POST route
+        (404, b"Not Found", "/privatise", "not_found"),  # unprotected: any path
+        (404, b'{"detail": "Not Found"}', "/nope", "not_found"),
+    ],
+)
+def test_the_framework_s_routing_errors_come_in_sentdp_s_shape(
+    status: int, body: bytes, path: str, code: str
+) -> None:
+    start, sent = answered(status, body, path, headers=((b"allow", b"POST"),))
+    assert start["status"] == status
+    assert json.loads(sent)["error"]["code"] == code
+    headers = dict(start["headers"])
+    assert headers[b"content-type"] == b"application/json"
+    assert headers[b"content-length"] == str(len(sent)).encode()
+    assert headers[b"allow"] == b"POST"  # kept
+
+
+def test_sentdp_s_own_404_and_a_head_request_pass_unchanged() -> None:
+    own = json.dumps({"error": {"code": "unknown_model", "message": "m"}}).encode()
+    assert answered(404, own, "/classify")[1] == own
+    assert answered(405, b"", "/livez", method="HEAD")[1] == b""
