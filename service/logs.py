@@ -51,6 +51,17 @@ class RedactExceptionMessages(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and record.exc_info[1] is not None:
             message = record.getMessage()
+            if is_client_error(record.exc_info[1]):
+                # BentoML logs a body that fails validation as an error with its stack; it
+                # is the caller's mistake, answered 4xx: one warning line, no stack
+                kind = type(record.exc_info[1]).__qualname__
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+                line = f"{message}: refused as the caller's error ({kind})"
+                record.sentdp_message = line
+                record.msg, record.args = line, ()
+                record.exc_info = None
+                record.exc_text = None
+                return True
             stack = redacted_traceback(record.exc_info[1])
             record.sentdp_message = message
             record.sentdp_exception = stack
@@ -59,6 +70,17 @@ class RedactExceptionMessages(logging.Filter):
             record.exc_info = None
             record.exc_text = None
         return True
+
+
+def is_client_error(error: BaseException) -> bool:
+    """An exception the web framework answers with a 4xx: a request body that failed
+    validation, or a BentoML error whose status is below 500."""
+    from pydantic import ValidationError
+
+    if isinstance(error, ValidationError):
+        return True
+    status = getattr(getattr(error, "error_code", None), "value", None)
+    return isinstance(status, int) and 400 <= status < 500
 
 
 def redacted_traceback(error: BaseException) -> str:
