@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import sys
 
-from sentdp_client import AuthenticationError, BudgetExhaustedError, Client, Document, SentDPError
+from sentdp_client import (
+    AuthenticationError,
+    BudgetExhaustedError,
+    Client,
+    Document,
+    OutcomeUnknownError,
+    SentDPError,
+)
 
 
 def main(url: str, api_key: str) -> None:
@@ -38,7 +45,9 @@ if __name__ == "__main__":
         sys.exit("usage: python -m sentdp_client.example URL API_KEY")
     try:
         main(sys.argv[1], sys.argv[2])
-    except AuthenticationError as refused:  # e.g. a key file's path instead of the key
+    except AuthenticationError as refused:  # often a key file's path instead of the key
         sys.exit(f'{refused} (pass the key itself, e.g. "$(cat .sentdp/demo-api-key)")')
+    except OutcomeUnknownError as unknown:  # charged: a retry must reuse the key
+        sys.exit(f"{unknown} (charged; retry with Idempotency-Key {unknown.idempotency_key})")
     except SentDPError as failed:  # the server refused, or could not be reached
         sys.exit(str(failed))

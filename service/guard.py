@@ -169,44 +169,57 @@ ROUTING_ERRORS = {
 """The routing answers the web framework gives as plain text, and what sentdp says instead."""
 
 
-def uniform_errors(send: Send) -> Send:
-    """Rewrite the web framework's own error bodies into sentdp's shape
+class UniformErrors:
+    """A ``send`` that rewrites the web framework's own error bodies into sentdp's shape
     ``{"error": {"code": ..., "message": ...}}``: BentoML's 400 (``{"error": str, "detail":
     [...]}``) becomes ``invalid_body``, a plain-text 404 or 405 ``not_found`` or
-    ``method_not_allowed``. sentdp's own errors (already in that shape) pass unchanged."""
-    held: Message | None = None
+    ``method_not_allowed``. sentdp's own errors (already in that shape) pass unchanged.
 
-    async def wrapped(message: Message) -> None:
-        nonlocal held
+    The start of a 400, 404 or 405 is held until its body comes; anything else that comes
+    first, or the app's end without a body (:meth:`flush`), sends it as it was."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.held: Message | None = None
+
+    async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start" and message["status"] in (400, 404, 405):
-            held = message
+            self.held = message
             return
-        if held is None or message["type"] != "http.response.body":
-            await send(message)
+        start, self.held = self.held, None
+        if start is None:
+            await self.send(message)
             return
-        start, held = held, None
         body = message.get("body", b"")
-        if not message.get("more_body"):  # a whole body: one chunk
-            rewritten = _uniform_body(start["status"], body)
-            if rewritten is not None:
-                body = rewritten
-                headers = [
-                    (k, v)
-                    for k, v in start["headers"]
-                    if k.lower() not in (b"content-length", b"content-type")
-                ]
-                start = {
-                    **start,
-                    "headers": [
-                        *headers,
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                    ],
-                }
-        await send(start)
-        await send({**message, "body": body})
+        rewritten = (
+            _uniform_body(start["status"], body)
+            if message["type"] == "http.response.body" and not message.get("more_body")
+            else None
+        )
+        if rewritten is not None:
+            kept = [
+                (k, v)
+                for k, v in start["headers"]
+                if k.lower() not in (b"content-length", b"content-type", b"content-encoding")
+            ]
+            length = str(len(rewritten)).encode()
+            start = {
+                **start,
+                "headers": [
+                    *kept,
+                    (b"content-type", b"application/json"),
+                    (b"content-length", length),
+                ],
+            }
+            message = {**message, "body": rewritten}
+        await self.send(start)
+        await self.send(message)
 
-    return wrapped
+    async def flush(self) -> None:
+        """Send a start still held (an app that ended without a body)."""
+        start, self.held = self.held, None
+        if start is not None:
+            await self.send(start)
 
 
 def _uniform_body(status: int, body: bytes) -> bytes | None:
@@ -292,8 +305,10 @@ class GuardMiddleware:
                 await send_error(send, *refusal)
                 return
         if scope["type"] != "http" or scope.get("path") not in PROTECTED_PATHS:
-            plain = scope["type"] != "http" or scope.get("method") == "HEAD"  # HEAD: no body
-            await self.app(scope, receive, send if plain else uniform_errors(send))
+            if scope["type"] != "http":
+                await self.app(scope, receive, send)
+            else:
+                await self._uniform(scope, receive, send)
             return
         tenant = self.registry.authenticate(bearer_token(scope))
         refusal = self._refusal(tenant is not None, scope.get("headers", []))
@@ -322,10 +337,20 @@ class GuardMiddleware:
                     return {"type": "http.request", "body": body, "more_body": False}
                 return await receive()
 
-            await self.app(scope, replay, uniform_errors(send))
+            await self._uniform(scope, replay, send)
         finally:
             if counted[0]:
                 self.bodies.release(tenant.id, counted[0])
+
+    async def _uniform(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app, its framework's error bodies in sentdp's shape (:class:`UniformErrors`;
+        not for HEAD, whose answers have no body)."""
+        if scope.get("method") == "HEAD":
+            await self.app(scope, receive, send)
+            return
+        uniform = UniformErrors(send)
+        await self.app(scope, receive, uniform)
+        await uniform.flush()
 
     @staticmethod
     def _declared(headers: list[tuple[bytes, bytes]]) -> int:

@@ -51,7 +51,7 @@ class RedactExceptionMessages(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and record.exc_info[1] is not None:
             message = record.getMessage()
-            if is_client_error(record.exc_info[1]):
+            if is_refused_request(record):
                 # BentoML logs a body that fails validation as an error with its stack; it
                 # is the caller's mistake, answered 4xx: one warning line, no stack
                 kind = type(record.exc_info[1]).__qualname__
@@ -72,13 +72,27 @@ class RedactExceptionMessages(logging.Filter):
         return True
 
 
-def is_client_error(error: BaseException) -> bool:
-    """An exception the web framework answers with a 4xx: a request body that failed
-    validation, or a BentoML error whose status is below 500."""
+BENTOML_REQUEST_FAILED = ("bentoml._internal.server.http_app", "Exception on %s [%s]")
+"""The logger and message with which BentoML logs every request its endpoint wrapper failed."""
+
+
+def is_refused_request(record: logging.LogRecord) -> bool:
+    """A record of BentoML's endpoint wrapper for a public request refused as the caller's
+    error: its body failed validation against the endpoint's input model (whose pydantic
+    title ends in ``IODescriptor``) or BentoML raised a 4xx. Any other ValidationError (a
+    response model, a worker's reply, the tenants file), anything logged by sentdp itself,
+    and anything on the worker's internal routes (its caller is the gateway) stays an error
+    with its stack."""
     from pydantic import ValidationError
 
+    if (record.name, record.msg) != BENTOML_REQUEST_FAILED or not record.exc_info:
+        return False
+    path = record.args[0] if isinstance(record.args, tuple) and record.args else None
+    if not isinstance(path, str) or path.startswith("/worker/"):
+        return False
+    error = record.exc_info[1]
     if isinstance(error, ValidationError):
-        return True
+        return error.title.endswith("IODescriptor")
     status = getattr(getattr(error, "error_code", None), "value", None)
     return isinstance(status, int) and 400 <= status < 500
 

@@ -451,15 +451,24 @@ def test_a_body_error_names_no_internal_class() -> None:
 
 
 def answered(
-    status: int, body: bytes, path: str, method: str = "GET", headers: tuple = ()
-) -> tuple[dict[str, Any], bytes]:
-    """What the client gets when the app behind the guard answers ``status`` with ``body``
-    (the app as BentoML's router answers a route it does not have)."""
+    status: int,
+    body: bytes | list[bytes] | None,
+    path: str,
+    method: str = "GET",
+    headers: tuple = (),
+) -> tuple[dict[str, Any], bytes, list[dict[str, Any]]]:
+    """(start, whole body, every message) the client gets when the app behind the guard
+    answers ``status`` with ``body`` (as BentoML's router answers a route it does not have):
+    one chunk, several chunks (a list) or no body message at all (None)."""
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        start = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+        chunks = [body] if isinstance(body, bytes) else body or []
+        size = str(sum(len(c) for c in chunks)).encode()
+        start = [(b"content-type", b"text/plain"), (b"content-length", size)]
         await send({"type": "http.response.start", "status": status, "headers": [*start, *headers]})
-        await send({"type": "http.response.body", "body": body})
+        for n, chunk in enumerate(chunks):
+            more = n < len(chunks) - 1
+            await send({"type": "http.response.body", "body": chunk, "more_body": more})
 
     sent: list[dict[str, Any]] = []
 
@@ -471,8 +480,8 @@ def answered(
 
     scope = {"type": "http", "path": path, "method": method, "headers": [AUTH]}
     asyncio.run(guarded(app)(scope, receive, send))
-    start, message = sent
-    return start, message["body"]
+    assert sent[0]["type"] == "http.response.start"
+    return sent[0], b"".join(m.get("body", b"") for m in sent[1:]), sent
 
 
 @pytest.mark.parametrize(
@@ -481,21 +490,29 @@ def answered(
         (405, b"Method Not Allowed", "/budget", "method_not_allowed"),  # GET on a POST route
         (404, b"Not Found", "/privatise", "not_found"),  # unprotected: any path
         (404, b'{"detail": "Not Found"}', "/nope", "not_found"),
+        (400, b'{"error": "1 validation error for XIODescriptor"}', "/nope", "invalid_body"),
     ],
 )
 def test_the_framework_s_routing_errors_come_in_sentdp_s_shape(
     status: int, body: bytes, path: str, code: str
 ) -> None:
-    start, sent = answered(status, body, path, headers=((b"allow", b"POST"),))
+    extra = ((b"allow", b"POST"), (b"content-encoding", b"gzip"))
+    start, sent, _ = answered(status, body, path, headers=extra)
     assert start["status"] == status
     assert json.loads(sent)["error"]["code"] == code
     headers = dict(start["headers"])
     assert headers[b"content-type"] == b"application/json"
     assert headers[b"content-length"] == str(len(sent)).encode()
     assert headers[b"allow"] == b"POST"  # kept
+    assert b"content-encoding" not in headers  # the new body is not encoded
 
 
-def test_sentdp_s_own_404_and_a_head_request_pass_unchanged() -> None:
+def test_what_the_guard_does_not_rewrite_passes_whole_and_in_order() -> None:
     own = json.dumps({"error": {"code": "unknown_model", "message": "m"}}).encode()
-    assert answered(404, own, "/classify")[1] == own
-    assert answered(405, b"", "/livez", method="HEAD")[1] == b""
+    assert answered(404, own, "/classify")[1] == own  # sentdp's own error
+    assert answered(405, b"", "/livez", method="HEAD")[1] == b""  # HEAD
+    assert answered(405, b"x", "/budget", method="HEAD")[1] == b"x"  # HEAD, protected path
+    start, sent, messages = answered(404, [b"Not ", b"Found"], "/nope")  # in two chunks
+    assert (start["status"], sent, len(messages)) == (404, b"Not Found", 3)
+    start, sent, messages = answered(404, None, "/nope")  # an app that sent no body
+    assert (start["status"], sent, len(messages)) == (404, b"", 1)

@@ -1,4 +1,5 @@
-"""The service's log: exception messages redacted, a caller's bad body one warning line."""
+"""The service's log: exception messages redacted; a caller's refused body one warning line,
+and nothing else downgraded."""
 
 from __future__ import annotations
 
@@ -12,51 +13,99 @@ from pydantic import BaseModel, ValidationError
 from service.logs import RedactExceptionMessages
 
 SECRET = "the-caller-s-private-sentence"
+BENTOML = "bentoml._internal.server.http_app"
+REQUEST_FAILED = "Exception on %s [%s]"
 
 
-class Body(BaseModel):
+class PrivatizeRequestIODescriptor(BaseModel):  # the shape of BentoML's input models
     epsilon: float
 
 
-def logged(error: BaseException) -> tuple[str, str]:
-    """(level, text) of ``error`` logged as BentoML logs a failed request."""
+class PrivatizeResponse(BaseModel):  # one of the service's own models
+    epsilon: float
+
+
+def invalid(model: type[BaseModel]) -> ValidationError:
+    with pytest.raises(ValidationError) as refused:
+        model.model_validate({"epsilon": SECRET})
+    return refused.value
+
+
+def logged(
+    error: BaseException,
+    name: str = BENTOML,
+    message: str = REQUEST_FAILED,
+    args: tuple[str, ...] = ("/privatize", "POST"),
+) -> tuple[str, str]:
+    """(level, text) of ``error`` logged by logger ``name`` with exc_info."""
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.addFilter(RedactExceptionMessages())
-    log = logging.getLogger("test.bentoml")
-    log.addHandler(handler)
-    log.propagate = False
-    seen: list[str] = []
+    levels: list[str] = []
 
     class Level(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
-            seen.append(record.levelname)
+            levels.append(record.levelname)
             return True
 
     handler.addFilter(Level())
+    log = logging.getLogger(name)
+    log.addHandler(handler)
+    propagate, log.propagate = log.propagate, False
     try:
         raise error
     except type(error):
-        log.error("Exception on %s [%s]", "/privatize", "POST", exc_info=sys.exc_info())
+        log.error(message, *args, exc_info=sys.exc_info())
     finally:
         log.removeHandler(handler)
-    return seen[0], stream.getvalue()
+        log.propagate = propagate
+    return levels[0], stream.getvalue()
 
 
-def test_a_body_that_fails_validation_is_one_warning_line_without_its_input() -> None:
-    with pytest.raises(ValidationError) as refused:
-        Body.model_validate({"epsilon": SECRET})
-    level, text = logged(refused.value)
+def test_a_body_that_fails_the_endpoint_s_input_model_is_one_warning_line() -> None:
+    level, text = logged(invalid(PrivatizeRequestIODescriptor))
     assert level == "WARNING"
     assert text.strip().splitlines() == [
         "Exception on /privatize [POST]: refused as the caller's error (ValidationError)"
     ]
 
 
-def test_a_server_failure_keeps_its_stack_and_loses_its_message() -> None:
-    level, text = logged(RuntimeError(SECRET))
+def test_a_bentoml_4xx_is_a_warning_and_its_5xx_an_error() -> None:
+    from bentoml.exceptions import BadInput, InternalServerError
+
+    assert logged(BadInput(SECRET))[0] == "WARNING"
+    level, text = logged(InternalServerError(SECRET))
     assert level == "ERROR"
-    assert "Traceback" not in text  # our own rendering of the stack, frames only
-    assert 'File "' in text
-    assert "RuntimeError: <message redacted>" in text
+    assert SECRET not in text
+
+
+@pytest.mark.parametrize(
+    ("error", "name", "message", "args"),
+    [
+        # a response model that fails: the server's bug, even in BentoML's wrapper
+        (invalid(PrivatizeResponse), BENTOML, REQUEST_FAILED, ("/privatize", "POST")),
+        # the worker's input model: its caller is the gateway, so a mismatch is a bug
+        (
+            invalid(PrivatizeRequestIODescriptor),
+            BENTOML,
+            REQUEST_FAILED,
+            ("/worker/privatize", "POST"),
+        ),
+        # logged by sentdp itself (a worker reply it cannot read, after the charge)
+        (
+            invalid(PrivatizeRequestIODescriptor),
+            "sentdp.service",
+            "reading the worker's results failed (request %s)",
+            ("r-1",),
+        ),
+        (RuntimeError(SECRET), BENTOML, REQUEST_FAILED, ("/privatize", "POST")),
+    ],
+)
+def test_every_other_failure_stays_an_error_with_its_stack_and_without_its_message(
+    error: BaseException, name: str, message: str, args: tuple[str, ...]
+) -> None:
+    level, text = logged(error, name, message, args)
+    assert level == "ERROR"
+    assert 'File "' in text  # the stack, frames only
+    assert f"{type(error).__qualname__}: <message redacted>" in text
     assert SECRET not in text
