@@ -1,8 +1,8 @@
 """What one caller can make a fresh worker compute through the hard-vote tables: labels at
 every table epsilon of the grid, from the smallest that has a table up to ``--top``, each
 grid point's tables for documents of 1 to the bundle's limit made once (a fresh process,
-nothing cached), against making the tables of one epsilon (the reference: what the worker
-makes ahead at start for each of the p table's epsilons).
+nothing cached), against making the tables of one epsilon (the reference: what the first
+label at one new epsilon makes).
 
 Run: ``.venv/bin/python loadtests/table_sweep.py [--classes 13] [--limits 9 3] [--split 3]``
 (the clothing reviews bundle's limits: 9 sentences below epsilon 3, 3 from 3 up to ``--top``).

@@ -63,7 +63,7 @@ from sentdp.errors import InputError
 from sentdp.labels import SentenceVote, VoteShape
 from sentdp.mean_selection import RADII, MeanCandidate
 from sentdp.mechanism import DeepCandidate
-from sentdp.vote_table import LONGEST, makes_table
+from sentdp.vote_table import LONGEST
 from sentdp.words import TOKENIZER, WordFeatures
 
 FORMAT_VERSION = 8
@@ -497,20 +497,6 @@ class Bundle:
                     f"the bundle's encoder was trained with {key} {recorded!r} but opens "
                     f"with {value!r}; retrain the bundle with this sentdp"
                 )
-
-    def warm_vote_tables(self) -> int:
-        """Make the hard-vote tables that labels at the p table's own epsilons draw from
-        (documents of 1 to its ``vote_table`` sentences), so that the first such label does
-        not make them inside a batch; tables for other epsilons are made when first drawn.
-        How many tables it made or found made."""
-        made = 0
-        for choice in self.manifest.p_table:
-            if choice.label != "vote" or not choice.vote_table:
-                continue
-            classes = self.votes[choice.vote_index].classes
-            for sentences in range(1, choice.vote_table + 1):
-                made += makes_table(sentences, classes, choice.epsilon)
-        return made
 
     def variant(self, name: str) -> Variant:
         for variant in self.variants:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Hashable
 from pathlib import Path
@@ -147,18 +146,7 @@ class Worker:
             name: v.mechanism(device=depth_device) for name, v in self.variants.items()
         }
         self.means = mean_mechanisms(self.bundle, settings.max_sentences)
-        threading.Thread(target=self._warm_vote_tables, name="vote-tables", daemon=True).start()
         self.encoder.encode(["Warm up the encoder."])
-
-    def _warm_vote_tables(self) -> None:
-        """Make the hard-vote tables that labels at the p table's epsilons draw from, beside
-        the start and the first requests rather than before readiness (0.4-0.6 s for the
-        clothing and BBC News bundles' 12 and 39 tables); a batch that needs one sooner
-        makes it itself."""
-        try:
-            self.bundle.warm_vote_tables()
-        except Exception:
-            logs.logger.exception("making the vote tables ahead failed; each is made when drawn")
 
     # Routes under /worker/: BentoML's request metrics of the worker and the gateway share
     # one /metrics, and the gateway's public /privatize must not be counted with these.

@@ -20,7 +20,6 @@ from sentdp.mechanism import DeepCandidate
 from sentdp.sampling import _TWO64, GAMMA
 from sentdp.vote_table import (
     LONGEST,
-    _table,
     check,
     entries,
     grid_epsilon,
@@ -243,22 +242,3 @@ def test_two_bundles_share_a_vote_only_if_they_draw_short_documents_alike() -> N
 
     assert _same_vote(tiny_bundle(vote=True, table=3), tiny_bundle(vote=True, table=3))
     assert not _same_vote(tiny_bundle(vote=True, table=3), tiny_bundle(vote=True))
-
-
-def test_a_bundle_makes_the_tables_its_p_table_draws_from_when_it_loads() -> None:
-    """The worker calls this at start-up: the first label at the p table's own epsilon then
-    finds its tables made instead of making them inside a batch."""
-    from tests.service.fakes import tiny_bundle
-
-    _table.cache_clear()
-    bundle = tiny_bundle(vote=True, table=3)
-    assert bundle.warm_vote_tables() == 3
-    assert _table.cache_info().currsize == 3
-    classes = bundle.votes[0].classes
-    for sentences in (1, 2, 3):  # what a label at epsilon 1 draws from: made already
-        hard_vote_table(sentences, classes, 1.0)
-    assert (_table.cache_info().currsize, _table.cache_info().hits) == (3, 3)
-    _table.cache_clear()
-    assert tiny_bundle(vote=True).warm_vote_tables() == 0  # no table limit
-    assert tiny_bundle(table=3).warm_vote_tables() == 0  # the label is the candidate's
-    assert _table.cache_info().currsize == 0
