@@ -15,7 +15,7 @@ import math
 import statistics
 import time
 
-from sentdp.vote_table import EPSILON_STEPS, hard_vote_table, makes_table
+from sentdp.vote_table import EPSILON_STEPS, makes_table
 
 
 def main() -> None:
@@ -31,16 +31,17 @@ def main() -> None:
         2.0 ** (k / EPSILON_STEPS)
         for k in range(first, math.ceil(EPSILON_STEPS * math.log2(args.top)))
     ]
-    seconds, made = [], 0
+    points, made = [], 0  # seconds per grid epsilon that has tables
     for epsilon in grid:
         started = time.perf_counter()
-        for sentences in range(1, (low if epsilon < args.split else high) + 1):
-            if makes_table(sentences, args.classes, epsilon):
-                hard_vote_table(sentences, args.classes, epsilon)
-                made += 1
-        seconds.append(time.perf_counter() - started)
-    total = sum(seconds)
-    points = [s for s, e in zip(seconds, grid, strict=True) if makes_table(1, args.classes, e)]
+        here = sum(  # makes_table makes (and caches) the table it answers for
+            makes_table(sentences, args.classes, epsilon)
+            for sentences in range(1, (low if epsilon < args.split else high) + 1)
+        )
+        if here:
+            points.append(time.perf_counter() - started)
+            made += here
+    total = sum(points)
     print(f"r = {args.classes}, limits {low} below epsilon {args.split:g}, {high} to {args.top:g}")
     print(f"{'measurement':<44}{'tables':>8}{'seconds':>10}")
     print(

@@ -50,6 +50,11 @@ PROTECTED_PATHS = frozenset({"/privatize", "/classify", "/budget"})
 METRICS_PATH = "/metrics"
 
 
+def json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    """Content-Type and Content-Length of a JSON body."""
+    return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+
+
 async def send_error(
     send: Send, code: Code, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()
 ) -> None:
@@ -58,11 +63,7 @@ async def send_error(
         {
             "type": "http.response.start",
             "status": int(STATUS[code]),
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
+            "headers": [*json_headers(body), *headers],
         }
     )
     await send({"type": "http.response.body", "body": body})
@@ -202,15 +203,7 @@ class UniformErrors:
                 for k, v in start["headers"]
                 if k.lower() not in (b"content-length", b"content-type", b"content-encoding")
             ]
-            length = str(len(rewritten)).encode()
-            start = {
-                **start,
-                "headers": [
-                    *kept,
-                    (b"content-type", b"application/json"),
-                    (b"content-length", length),
-                ],
-            }
+            start = {**start, "headers": [*kept, *json_headers(rewritten)]}
             message = {**message, "body": rewritten}
         await self.send(start)
         await self.send(message)

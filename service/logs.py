@@ -56,17 +56,14 @@ class RedactExceptionMessages(logging.Filter):
                 # is the caller's mistake, answered 4xx: one warning line, no stack
                 kind = type(record.exc_info[1]).__qualname__
                 record.levelno, record.levelname = logging.WARNING, "WARNING"
-                line = f"{message}: refused as the caller's error ({kind})"
-                record.sentdp_message = line
-                record.msg, record.args = line, ()
-                record.exc_info = None
-                record.exc_text = None
-                return True
-            stack = redacted_traceback(record.exc_info[1])
+                message = f"{message}: refused as the caller's error ({kind})"
+                text = message
+            else:
+                stack = redacted_traceback(record.exc_info[1])
+                record.sentdp_exception = stack
+                text = f"{message}\n{stack}"
             record.sentdp_message = message
-            record.sentdp_exception = stack
-            record.msg = f"{message}\n{stack}"
-            record.args = ()
+            record.msg, record.args = text, ()
             record.exc_info = None
             record.exc_text = None
         return True
