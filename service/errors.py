@@ -38,6 +38,7 @@ class Code(StrEnum):
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     ACCOUNTANT_CHANGED = "accountant_changed"
     MECHANISM_FAILED = "mechanism_failed"
+    INTERNAL_ERROR = "internal_error"
     WORKER_RESPONSE_LOST = "worker_response_lost"
     REPLY_NOT_KEPT = "reply_not_kept"
     WORKER_UNAVAILABLE = "worker_unavailable"
@@ -67,6 +68,7 @@ STATUS: dict[Code, HTTPStatus] = {
     Code.IDEMPOTENCY_KEY_REUSED: HTTPStatus.UNPROCESSABLE_ENTITY,
     Code.ACCOUNTANT_CHANGED: HTTPStatus.CONFLICT,
     Code.MECHANISM_FAILED: HTTPStatus.INTERNAL_SERVER_ERROR,
+    Code.INTERNAL_ERROR: HTTPStatus.INTERNAL_SERVER_ERROR,
     Code.WORKER_RESPONSE_LOST: HTTPStatus.BAD_GATEWAY,
     Code.REPLY_NOT_KEPT: HTTPStatus.GONE,
     Code.WORKER_UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,

@@ -168,23 +168,31 @@ ROUTING_ERRORS = {
     405: (Code.METHOD_NOT_ALLOWED, "this endpoint does not take that method (see Allow)"),
 }
 """The routing answers the web framework gives as plain text, and what sentdp says instead."""
+HELD = frozenset({400, 404, 405, 500})
+"""Statuses whose body :class:`UniformErrors` may rewrite."""
+VALIDATION_ERROR = re.compile(r"\d+ validation errors? for (\w+)")
+INTERNAL_MESSAGE = "the service failed while answering; the cause is in its log, not in the request"
 
 
 class UniformErrors:
     """A ``send`` that rewrites the web framework's own error bodies into sentdp's shape
     ``{"error": {"code": ..., "message": ...}}``: BentoML's 400 (``{"error": str, "detail":
     [...]}``) becomes ``invalid_body``, a plain-text 404 or 405 ``not_found`` or
-    ``method_not_allowed``. sentdp's own errors (already in that shape) pass unchanged.
+    ``method_not_allowed``, and BentoML's 500 ``internal_error``. BentoML answers 400 for
+    any pydantic ValidationError a handler raises; one that is not the endpoint's input model
+    (whose title ends in ``IODescriptor``) is the server's fault, so it becomes a 500
+    ``internal_error`` too, without the model's field list. sentdp's own errors (already in
+    that shape) pass unchanged.
 
-    The start of a 400, 404 or 405 is held until its body comes; anything else that comes
-    first, or the app's end without a body (:meth:`flush`), sends it as it was."""
+    The start of a 400, 404, 405 or 500 is held until its body comes; anything else that
+    comes first, or the app's end without a body (:meth:`flush`), sends it as it was."""
 
     def __init__(self, send: Send) -> None:
         self.send = send
         self.held: Message | None = None
 
     async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start" and message["status"] in (400, 404, 405):
+        if message["type"] == "http.response.start" and message["status"] in HELD:
             self.held = message
             return
         start, self.held = self.held, None
@@ -198,13 +206,14 @@ class UniformErrors:
             else None
         )
         if rewritten is not None:
+            status, new_body = rewritten
             kept = [
                 (k, v)
                 for k, v in start["headers"]
                 if k.lower() not in (b"content-length", b"content-type", b"content-encoding")
             ]
-            start = {**start, "headers": [*kept, *json_headers(rewritten)]}
-            message = {**message, "body": rewritten}
+            start = {**start, "status": status, "headers": [*kept, *json_headers(new_body)]}
+            message = {**message, "body": new_body}
         await self.send(start)
         await self.send(message)
 
@@ -215,23 +224,32 @@ class UniformErrors:
             await self.send(start)
 
 
-def _uniform_body(status: int, body: bytes) -> bytes | None:
-    """The body in sentdp's error shape, or None when it already is (or is not an error the
-    framework made)."""
+def _uniform_body(status: int, body: bytes) -> tuple[int, bytes] | None:
+    """The status and body in sentdp's error shape, or None when the body already is in it
+    (or is not an error the framework made)."""
     try:
         data = json.loads(body)
     except ValueError:
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         return None  # sentdp's own
-    if status == 400:
+    if status in (400, 500):
         if not (isinstance(data, dict) and isinstance(data.get("error"), str)):
             return None
+        if status == 500 or not_the_input_model(data["error"]):
+            return 500, json.dumps(envelope(Code.INTERNAL_ERROR, INTERNAL_MESSAGE)).encode()
         extra = {"detail": data["detail"]} if "detail" in data else {}
         message = body_error_message(data["error"])
-        return json.dumps(envelope(Code.INVALID_BODY, message, **extra)).encode()
+        return status, json.dumps(envelope(Code.INVALID_BODY, message, **extra)).encode()
     code, message = ROUTING_ERRORS[status]
-    return json.dumps(envelope(code, message)).encode()
+    return status, json.dumps(envelope(code, message)).encode()
+
+
+def not_the_input_model(message: str) -> bool:
+    """BentoML's 400 message names a pydantic model other than the endpoint's input model:
+    a ValidationError raised while answering, not while reading the body."""
+    found = VALIDATION_ERROR.match(message)
+    return found is not None and not found.group(1).endswith("IODescriptor")
 
 
 def body_error_message(message: str) -> str:

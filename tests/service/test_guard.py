@@ -516,3 +516,58 @@ def test_what_the_guard_does_not_rewrite_passes_whole_and_in_order() -> None:
     assert (start["status"], sent, len(messages)) == (404, b"Not Found", 3)
     start, sent, messages = answered(404, None, "/nope")  # an app that sent no body
     assert (start["status"], sent, len(messages)) == (404, b"", 1)
+
+
+def test_bentoml_s_own_errors_say_whose_fault_they_are() -> None:
+    """A real BentoML app behind the guard: BentoML answers 400 for every pydantic
+    ValidationError a handler raises, so only the input model's is the caller's."""
+    import bentoml
+    from pydantic import BaseModel, Field
+    from starlette.testclient import TestClient
+
+    class Answer(BaseModel):
+        n: int = Field(ge=0)
+
+    class Question(BaseModel):
+        x: int
+
+    @bentoml.service
+    class Framework:
+        @bentoml.api(input_spec=Question)
+        def answer(self, x: int) -> dict[str, int]:
+            return Answer(n=x).model_dump()  # x < 0: the server's own model fails
+
+        @bentoml.api(input_spec=Question)
+        def failing(self, x: int) -> dict[str, int]:
+            raise RuntimeError("internal detail")
+
+    with TestClient(guarded(Framework.to_asgi(), max_body_bytes=1024)) as http:
+        assert http.post("/answer", json={"x": 1}).json() == {"n": 1}
+        refused = http.post("/answer", json={"x": "one"})
+        broken = http.post("/answer", json={"x": -1})
+        failed = http.post("/failing", json={"x": 1})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "invalid_body"
+    assert refused.json()["error"]["detail"][0]["loc"] == ["x"]
+    for response in (broken, failed):
+        assert response.status_code == 500
+        assert response.json() == {
+            "error": {"code": "internal_error", "message": guard.INTERNAL_MESSAGE}
+        }
+        assert response.headers["content-length"] == str(len(response.content))
+
+
+@pytest.mark.parametrize(
+    ("message", "internal"),
+    [
+        ("1 validation error for PrivatizeRequestIODescriptor", False),
+        ("3 validation errors for BudgetRequestIODescriptor", False),
+        ("1 validation error for Budget", True),
+        ("2 validation errors for WorkReply", True),
+        ("Invalid JSON", False),  # BentoML's BadInput: the caller's
+    ],
+)
+def test_only_the_input_model_s_validation_errors_are_the_caller_s(
+    message: str, internal: bool
+) -> None:
+    assert guard.not_the_input_model(message) is internal
