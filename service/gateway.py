@@ -44,7 +44,6 @@ from service.settings import (
     ACCESS_LOG,
     ServiceSettings,
     boot_settings,
-    default_gateway_workers,
     load_settings,
 )
 from service.state import EphemeralStateError, check_state_survives
@@ -81,7 +80,7 @@ a container runtime's usual grace period: Kubernetes gives 30 s)."""
 
 @bentoml.service(
     name="sentdp",
-    workers=BOOT.gateway_workers or default_gateway_workers(),
+    workers=BOOT.gateway_count(),
     logging=ACCESS_LOG,
     traffic={"timeout": BOOT.gateway_timeout_s()},
     # BentoML's own probe of the worker can hold /readyz until the request timeout (150 s)

@@ -92,7 +92,7 @@ def _resources() -> dict[str, Any]:
 
 @bentoml.service(
     name="sentdp-worker",
-    workers=BOOT.worker_processes,
+    workers=BOOT.worker_count(),
     threads=WORKER_CALLERS,
     logging=ACCESS_LOG,
     resources=_resources(),

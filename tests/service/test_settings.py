@@ -4,12 +4,56 @@ from __future__ import annotations
 
 import pytest
 
-from service.settings import ServiceSettings, default_gateway_workers
+from service.settings import (
+    ServiceSettings,
+    default_gateway_workers,
+    default_worker_processes,
+)
 
 
 @pytest.mark.parametrize(("cpus", "expected"), [(1, 1), (2, 1), (3, 2), (4, 2), (64, 2)])
 def test_one_gateway_process_on_two_cores_two_above(cpus: int, expected: int) -> None:
     assert default_gateway_workers(cpus) == expected
+
+
+@pytest.mark.parametrize(
+    ("cpus", "gateways", "workers"), [(2, 2, 1), (4, 2, 1), (8, 4, 2), (16, 8, 4), (64, 32, 4)]
+)
+def test_a_gpu_deployment_gets_the_processes_measured_on_an_h100(
+    cpus: int, gateways: int, workers: int
+) -> None:
+    assert default_gateway_workers(cpus, gpu=True) == gateways
+    assert default_worker_processes(cpus) == workers
+
+
+@pytest.mark.parametrize(
+    ("variables", "gpu"),
+    [
+        ({}, False),
+        ({"SENTDP_DEVICE": "cpu"}, False),
+        ({"SENTDP_WORKER_GPUS": "1"}, True),  # the GPU image
+        ({"SENTDP_DEVICE": "cuda"}, True),
+        ({"SENTDP_DEVICE": "cuda:1"}, True),
+    ],
+)
+def test_process_counts_follow_the_device_the_deployment_names(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], gpu: bool
+) -> None:
+    for name in ("SENTDP_DEVICE", "SENTDP_WORKER_GPUS", "SENTDP_GATEWAY_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("SENTDP_WORKER_PROCESSES", raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    settings = ServiceSettings()
+    assert settings.names_a_gpu is gpu
+    assert (settings.gateway_count(16), settings.worker_count(16)) == ((8, 4) if gpu else (2, 1))
+    assert (settings.gateway_count(2), settings.worker_count(2)) == ((2, 1) if gpu else (1, 1))
+    monkeypatch.setenv("SENTDP_WORKER_PROCESSES", "3")
+    monkeypatch.setenv("SENTDP_GATEWAY_WORKERS", "5")
+    assert (ServiceSettings().gateway_count(16), ServiceSettings().worker_count(16)) == (5, 3)
+    monkeypatch.setenv("SENTDP_WORKER_PROCESSES", "0")
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        ServiceSettings()
 
 
 def test_an_explicit_gateway_count_wins_and_zero_is_refused(
