@@ -186,8 +186,7 @@ def cpu_seconds(server: Server) -> dict[str, float]:
             continue
         seconds = times.user + times.system
         if process.pid == os.getpid():
-            kind = "client"  # with the client processes it has reaped, their start-up too
-            seconds += times.children_user + times.children_system
+            kind = "client"  # client processes report their own load's CPU (load())
         elif process.pid == arbiter:
             kind = "arbiter"
         elif "sentdp-worker" in command:
@@ -263,10 +262,13 @@ async def drive(
 
 def _drive_in_process(
     url: str, documents: list[list[str]], concurrency: int, ready: Any
-) -> tuple[float, float, list[float], Counter[int]]:
-    """:func:`drive` in a client process of its own, starting with the others."""
+) -> tuple[tuple[float, float, list[float], Counter[int]], float]:
+    """:func:`drive` in a client process of its own, starting with the others; with the CPU
+    seconds the load took there (the process's start-up left out)."""
     ready.wait()
-    return asyncio.run(drive(url, documents, concurrency))
+    start = time.process_time()
+    run = asyncio.run(drive(url, documents, concurrency))
+    return run, time.process_time() - start
 
 
 def load(
@@ -276,6 +278,7 @@ def load(
     process or split over ``processes`` client processes (one Python process drives about
     one core of HTTP: on a machine with cores to spare it can be the bottleneck)."""
     processes = max(1, min(processes, concurrency, len(documents)))
+    elsewhere = 0.0  # CPU seconds of the client processes' loads
     if processes == 1:
         runs = [asyncio.run(drive(server.url, documents, concurrency))]
     else:
@@ -293,7 +296,9 @@ def load(
                 pool.submit(_drive_in_process, server.url, docs, users, ready)
                 for docs, users in shares
             ]
-            runs = [future.result() for future in futures]
+            finished = [future.result() for future in futures]
+            runs = [run for run, _ in finished]
+            elsewhere = sum(seconds for _, seconds in finished)
     wall = max(end for _, end, _, _ in runs) - min(start for start, _, _, _ in runs)
     latencies = [latency for _, _, run, _ in runs for latency in run]
     failures = sum((failed for *_, failed in runs), Counter[int]())
@@ -307,6 +312,7 @@ def load(
         "failures": sum(failures.values()),
         "failure_statuses": dict(failures),
         "wall": wall,
+        "client processes cpu": elsewhere,
     }
 
 
@@ -444,6 +450,7 @@ def main() -> None:
                         result = load(server, measured, concurrency, args.client_processes)
                         cpu_after = cpu_seconds(server)
                         after = histogram_totals(server)
+                        cpu_after["client"] += result["client processes cpu"]
                         result["cpu"] = {
                             kind: (cpu_after[kind] - cpu_before.get(kind, 0.0)) / result["wall"]
                             for kind in cpu_after
