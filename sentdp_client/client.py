@@ -12,8 +12,9 @@ released nothing (every charge refunded), and a proxy's 502/503/504 without sent
 body. Each is safe under one key: the server
 replays a finished request (a failure after sampling included), answers 409 while it runs
 and frees the key only when nothing was sampled. Not retried: sentdp's own
-500 ``mechanism_failed`` and 502 ``worker_response_lost`` (replaying them would only return
-them again; the charge stands), 410 ``reply_not_kept`` (the request ran, but the server
+500 ``mechanism_failed``, 500 ``internal_error`` (a server bug; on a charged call the charge may
+stand) and 502 ``worker_response_lost`` (replaying them would only return them again; the
+charge stands), 410 ``reply_not_kept`` (the request ran, but the server
 kept no copy of its reply for retries: the tenant's bound on stored replies) and every 4xx
 that a retry cannot fix. Every exception carries the request's ``idempotency_key``: retry
 later with it to get the stored answer (a ``reply_not_kept`` one excepted), never pay twice.
@@ -94,7 +95,8 @@ class UnavailableError(SentDPError):
 
 class OutcomeUnknownError(SentDPError):
     """The documents may have been sampled, so the charge stands: sentdp's 502
-    worker_response_lost or 500 mechanism_failed, or a proxy's 502/504 after every retry; or
+    worker_response_lost, 500 mechanism_failed or (on a charged call) 500 internal_error, or a
+    proxy's 502/504 after every retry; or
     410 reply_not_kept: the request was served and charged, but the server did not keep its
     reply for retries (the tenant's bound on stored replies), so a retry cannot recover it.
     Retrying with ``idempotency_key`` replays the stored answer at no charge; a new key is a
@@ -377,8 +379,8 @@ def _error(response: httpx.Response, key: str | None = None) -> SentDPError:
         kind = BudgetExhaustedError
     elif status == 401:
         kind = AuthenticationError
-    elif code in CHARGE_STANDS:
-        kind = OutcomeUnknownError
+    elif code in CHARGE_STANDS or (code == "internal_error" and key is not None):
+        kind = OutcomeUnknownError  # a charged call's internal_error may follow its charge
     elif status == 429 or code == "idempotency_key_in_flight" or status >= 500:
         kind = UnavailableError
     elif 400 <= status < 500:

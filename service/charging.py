@@ -36,7 +36,7 @@ from sentdp.bundle import Bundle, PChoice
 from sentdp.labels import vote_slack
 from sentdp.mechanism import privacy_slack
 from sentdp.text import SentenceSplitter
-from service.errors import ApiError, Code, error_code
+from service.errors import UNEXPECTED_FAILURE, ApiError, Code, error_code
 from service.idempotency import BodySigner
 from service.ledger import (
     AccountantChangedError,
@@ -250,6 +250,9 @@ class Charging:
             reply = await self._admitted(request, admission)
         except ApiError as error:
             reply = Reply.of(error)
+        except Exception:  # a bug: said as one, never as the caller's error
+            logger.exception("request %s failed", request.request_id)
+            reply = Reply.of(ApiError(Code.INTERNAL_ERROR, UNEXPECTED_FAILURE))
         seconds = time.perf_counter() - started
         metric("request_seconds").labels(request.endpoint).observe(seconds)
         log_event(
@@ -471,31 +474,18 @@ class Charging:
         tenant is charged epsilon**2 / 8 per release, which holds for epsilon-bounded-range
         mechanisms only: its votes are drawn by the exponential mechanism (DeepCandidate's
         candidates always are)."""
-        bounded = admission.release == "vote" and request.tenant.policy.accounting == ZCDP
-        items = [
-            WorkItem(
-                charge_id=charge_id,
-                model=self.version,
-                variant=admission.choice.variant,
-                sentences=sentences,
-                epsilon=epsilon_of_charge(admission.micro),
-                p=admission.choice.p,
-                selection=admission.choice.selection,
-                radius=admission.choice.radius,
-                release=admission.release,
-                vote=admission.choice.vote_index,
-                vote_table=admission.choice.vote_table,
-                bounded_range=bounded,
-            )
-            for charge_id, sentences in zip(reserved.charge_ids, admission.sentences, strict=True)
-        ]
-        work = WorkRequest(
-            request_id=request.request_id,
-            tenant=request.tenant.id,
-            deadline=request.arrived + self.limits.start_timeout,
-            cost=admission.cost,
-            items=items,
-        )
+        try:
+            work = self._work(request, admission, reserved)
+        except Exception:
+            # The worker was never called, so nothing was drawn: every charge is refunded and
+            # the key freed, as for a request the worker refused.
+            logger.exception("building the work failed (request %s)", request.request_id)
+            await self._settle(request, admission, [], reserved.charge_ids, None)
+            raise ApiError(
+                Code.INTERNAL_ERROR,
+                "the service failed before running the mechanism (logged); nothing was charged",
+            ) from None
+        items = work.items
         try:
             results = await self._run(request, work)
         except WorkerOutcomeUnknownError as unknown:
@@ -528,6 +518,36 @@ class Charging:
                 sum(len(s) for s, r in zip(admission.sentences, results, strict=True) if r.sampled)
             )
         return reply
+
+    def _work(
+        self, request: ChargedRequest, admission: Admission, reserved: Reservation
+    ) -> WorkRequest:
+        """The worker's request: one item per reserved charge."""
+        bounded = admission.release == "vote" and request.tenant.policy.accounting == ZCDP
+        items = [
+            WorkItem(
+                charge_id=charge_id,
+                model=self.version,
+                variant=admission.choice.variant,
+                sentences=sentences,
+                epsilon=epsilon_of_charge(admission.micro),
+                p=admission.choice.p,
+                selection=admission.choice.selection,
+                radius=admission.choice.radius,
+                release=admission.release,
+                vote=admission.choice.vote_index,
+                vote_table=admission.choice.vote_table,
+                bounded_range=bounded,
+            )
+            for charge_id, sentences in zip(reserved.charge_ids, admission.sentences, strict=True)
+        ]
+        return WorkRequest(
+            request_id=request.request_id,
+            tenant=request.tenant.id,
+            deadline=request.arrived + self.limits.start_timeout,
+            cost=admission.cost,
+            items=items,
+        )
 
     async def _run(self, request: ChargedRequest, work: WorkRequest) -> list[WorkResult]:
         started = time.perf_counter()

@@ -76,6 +76,13 @@ STATUS: dict[Code, HTTPStatus] = {
 }
 """The HTTP status of each code: one code, one status, everywhere."""
 
+UNEXPECTED_FAILURE = (
+    "the service failed while answering (logged); whatever this request charged stands "
+    "(see /budget): retry only with the same Idempotency-Key"
+)
+"""The message of ``internal_error``, a failure the service did not foresee (a bug): it may
+come after a reservation, so it never says that nothing was charged."""
+
 
 def envelope(code: Code, message: str, **details: Any) -> dict[str, Any]:
     """The error body: ``{"error": {"code", "message", **details}}``."""

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from service.errors import STATUS, Code, envelope
+from service.errors import STATUS, UNEXPECTED_FAILURE, Code, envelope
 from service.metrics import metric
 from service.scheduling import TenantChecks, TenantLoad, TurnRefusedError, in_turn
 from service.settings import REQUEST_OVERHEAD_BYTES
@@ -171,7 +171,6 @@ ROUTING_ERRORS = {
 HELD = frozenset({400, 404, 405, 500})
 """Statuses whose body :class:`UniformErrors` may rewrite."""
 VALIDATION_ERROR = re.compile(r"\d+ validation errors? for (\w+)")
-INTERNAL_MESSAGE = "the service failed while answering; the cause is in its log, not in the request"
 
 
 class UniformErrors:
@@ -237,7 +236,7 @@ def _uniform_body(status: int, body: bytes) -> tuple[int, bytes] | None:
         if not (isinstance(data, dict) and isinstance(data.get("error"), str)):
             return None
         if status == 500 or not_the_input_model(data["error"]):
-            return 500, json.dumps(envelope(Code.INTERNAL_ERROR, INTERNAL_MESSAGE)).encode()
+            return 500, json.dumps(envelope(Code.INTERNAL_ERROR, UNEXPECTED_FAILURE)).encode()
         extra = {"detail": data["detail"]} if "detail" in data else {}
         message = body_error_message(data["error"])
         return status, json.dumps(envelope(Code.INVALID_BODY, message, **extra)).encode()

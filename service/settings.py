@@ -11,6 +11,7 @@ agree unless the environment changes between import and start-up.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -162,9 +163,11 @@ class ServiceSettings(BaseSettings):
 
     @property
     def names_a_gpu(self) -> bool:
-        """The deployment asks for a GPU (``SENTDP_WORKER_GPUS``, or a CUDA
-        ``SENTDP_DEVICE``); decided without importing torch, in every process."""
-        return self.worker_gpus > 0 or (self.device or "").startswith("cuda")
+        """The deployment asks for a GPU: a CUDA ``SENTDP_DEVICE``, or with no device named,
+        ``SENTDP_WORKER_GPUS`` >= 1; decided without importing torch, in every process."""
+        if self.device is not None:  # an explicit device wins: the GPU image run on a CPU
+            return self.device.startswith("cuda")
+        return self.worker_gpus > 0
 
     def gateway_count(self, cpus: int | None = None) -> int:
         """Gateway processes: ``SENTDP_GATEWAY_WORKERS``, else :func:`default_gateway_workers`."""
@@ -260,10 +263,31 @@ def boot_settings() -> ServiceSettings:
     return ServiceSettings()
 
 
-def usable_cpus() -> int:
-    """The cores this process may run on (a container's cpuset), else all."""
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may run on (a container's cpuset, else all), fewer when its
+    cgroup's CPU quota allows fewer (``docker run --cpus``, a Kubernetes CPU limit)."""
     affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    cpus = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    quota = cgroup_cpu_quota(cgroup)
+    return max(1, min(cpus, math.ceil(quota))) if quota is not None else cpus
+
+
+def cgroup_cpu_quota(cgroup: Path) -> float | None:
+    """Cores' worth of CPU time the cgroup allows (cgroup v2 ``cpu.max``, else v1's CFS
+    quota and period), or None when it sets no limit or cannot be read."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    try:
+        allowed, every = float(quota), float(period)
+    except ValueError:  # "max": no limit
+        return None
+    return allowed / every if allowed > 0 and every > 0 else None
 
 
 def default_gateway_workers(cpus: int | None = None, gpu: bool = False) -> int:
@@ -272,11 +296,13 @@ def default_gateway_workers(cpus: int | None = None, gpu: bool = False) -> int:
     Measured on 2 cores (``loadtests/gateways.py``): one serves as fast as two and lowers peak
     RSS by ~235 MiB and cold start by ~1 s; a second one pays off only with cores to spare.
     On a GPU deployment the workers keep the GPU busy only if the gateways keep up: one per
-    two cores (8 on the 16-core H100 machine where the GPU runs were measured)."""
+    two cores, at most 8 (the most measured: on the 16-core H100 machine). Per-tenant limits
+    that hold per gateway process (in-flight tokens, requests, bytes and checks) grow with
+    the count."""
     cpus = usable_cpus() if cpus is None else cpus
-    if gpu:
-        return max(2, cpus // 2)
-    return 1 if cpus <= 2 else 2
+    if cpus <= 2:
+        return 1
+    return min(8, max(2, cpus // 2)) if gpu else 2
 
 
 def default_worker_processes(cpus: int | None = None) -> int:

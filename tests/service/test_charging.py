@@ -20,7 +20,7 @@ from sentdp.bundle import Bundle
 from sentdp.text import TextLimits
 from service import charging as charging_module
 from service.charging import ChargedRequest, Charging, Reply, work_cost
-from service.errors import ApiError
+from service.errors import UNEXPECTED_FAILURE, ApiError
 from service.idempotency import BodySigner
 from service.ledger import SqlLedger, open_ledger
 from service.scheduling import TenantChecks
@@ -456,6 +456,60 @@ def test_a_result_the_gateway_cannot_read_is_settled_final_and_replayed(
     monkeypatch.undo()
     again, again_body = run(flow, request(idempotency_key="k7"))
     assert (again.status, again.replayed, again_body) == (500, True, body)
+    assert worker.calls == 1
+    assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
+
+
+def test_a_failure_before_the_worker_refunds_every_charge_and_frees_the_key(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building the worker's request failed after the reservation: nothing was drawn, so the
+    charges are refunded (not left reserved) and a retry with the same key runs anew."""
+    worker = FakeWorker(BUNDLE)
+    flow = charging(ledger, worker)
+
+    def unbuildable(*_: object) -> None:
+        raise ValueError("a work item the schema refuses")
+
+    monkeypatch.setattr(flow, "_work", unbuildable)
+    first, body = run(flow, request(idempotency_key="k5", documents=[{"text": TEXT}] * 2))
+    assert (first.status, body["error"]["code"]) == (500, "internal_error")
+    assert "nothing was charged" in body["error"]["message"]
+    assert states(ledger) == ["refunded", "refunded"]
+    assert ledger.account("acme", "alice").spent_micro == 0
+    assert worker.calls == 0
+    monkeypatch.undo()
+    again, again_body = run(flow, request(idempotency_key="k5", documents=[{"text": TEXT}] * 2))
+    assert (again.status, again.replayed) == (200, False), again_body
+    assert ledger.account("acme", "alice").spent_micro == 4 * MICRO
+
+
+def test_an_unforeseen_failure_is_the_server_s_and_says_the_charge_stands(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug that escapes after the work settled: a 500 internal_error (never a crash out of
+    the flow, never the caller's fault), logged with the request's id, and the charge made
+    stays made; a retry with the same key replays the stored answer at no charge."""
+    worker = FakeWorker(BUNDLE)
+    flow = charging(ledger, worker)
+    settled = flow.run_and_settle
+
+    async def then_fails(*args: object) -> Reply:
+        await settled(*args)  # type: ignore[arg-type]
+        raise RuntimeError("an unforeseen bug")
+
+    monkeypatch.setattr(flow, "run_and_settle", then_fails)
+    with caplog.at_level("INFO", logger="sentdp.service"):
+        first, body = run(flow, request(idempotency_key="k6"))
+    assert (first.status, body["error"]["code"]) == (500, "internal_error")
+    assert body["error"]["message"] == UNEXPECTED_FAILURE
+    assert states(ledger) == ["final"]
+    (event,) = logged_events(caplog.records, "charged_request")
+    assert (event["status"], event["code"]) == (500, "internal_error")
+    assert any(r.exc_info and event["request_id"] in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    again, again_body = run(flow, request(idempotency_key="k6"))
+    assert (again.status, again.replayed) == (200, True), again_body
     assert worker.calls == 1
     assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
 

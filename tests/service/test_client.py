@@ -142,6 +142,28 @@ def test_a_reply_that_was_not_kept_is_raised_as_charged_and_not_retried() -> Non
     assert calls == ["lost-1"]
 
 
+def test_an_internal_error_of_a_charged_call_is_raised_as_charged_and_not_retried() -> None:
+    """500 internal_error (a server bug) may follow a charge: on /privatize the client raises
+    OutcomeUnknownError after one attempt, with its key; on /budget it is UnavailableError."""
+    calls: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.headers.get("idempotency-key"))
+        failed = {"error": {"code": "internal_error", "message": "the service failed"}}
+        return httpx.Response(500, json=failed)
+
+    transport = httpx.MockTransport(handler)
+    sentdp = Client("http://sentdp", "key", retries=3, backoff=0.0, transport=transport)
+    with sentdp:
+        with pytest.raises(OutcomeUnknownError) as charged:
+            sentdp.privatize("u", 1.0, ["A. B."], idempotency_key="bug-1")
+        with pytest.raises(UnavailableError):
+            sentdp.budget("u")
+    assert (charged.value.status, charged.value.idempotency_key) == (500, "bug-1")
+    assert calls[0] == "bug-1"
+    assert len(calls) == 2  # one attempt each
+
+
 def test_a_retry_waits_at_least_what_the_server_asks(monkeypatch: pytest.MonkeyPatch) -> None:
     """429 with ``Retry-After: 1`` (sentdp's tenant_busy): the client waits 1 s, not its
     shorter backoff; a longer backoff stands; an absurd header is cut to 60 s, and one that

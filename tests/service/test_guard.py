@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from service import guard
+from service.errors import UNEXPECTED_FAILURE
 from service.guard import (
     GuardMiddleware,
     bearer_token,
@@ -552,7 +553,7 @@ def test_bentoml_s_own_errors_say_whose_fault_they_are() -> None:
     for response in (broken, failed):
         assert response.status_code == 500
         assert response.json() == {
-            "error": {"code": "internal_error", "message": guard.INTERNAL_MESSAGE}
+            "error": {"code": "internal_error", "message": UNEXPECTED_FAILURE}
         }
         assert response.headers["content-length"] == str(len(response.content))
 

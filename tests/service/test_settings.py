@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import pytest
 
 from service.settings import (
     ServiceSettings,
+    cgroup_cpu_quota,
     default_gateway_workers,
     default_worker_processes,
+    usable_cpus,
 )
 
 
@@ -17,7 +22,8 @@ def test_one_gateway_process_on_two_cores_two_above(cpus: int, expected: int) ->
 
 
 @pytest.mark.parametrize(
-    ("cpus", "gateways", "workers"), [(2, 2, 1), (4, 2, 1), (8, 4, 2), (16, 8, 4), (64, 32, 4)]
+    ("cpus", "gateways", "workers"),
+    [(2, 1, 1), (4, 2, 1), (8, 4, 2), (16, 8, 4), (64, 8, 4)],
 )
 def test_a_gpu_deployment_gets_the_processes_measured_on_an_h100(
     cpus: int, gateways: int, workers: int
@@ -34,6 +40,7 @@ def test_a_gpu_deployment_gets_the_processes_measured_on_an_h100(
         ({"SENTDP_WORKER_GPUS": "1"}, True),  # the GPU image
         ({"SENTDP_DEVICE": "cuda"}, True),
         ({"SENTDP_DEVICE": "cuda:1"}, True),
+        ({"SENTDP_WORKER_GPUS": "1", "SENTDP_DEVICE": "cpu"}, False),  # the GPU image on a CPU
     ],
 )
 def test_process_counts_follow_the_device_the_deployment_names(
@@ -47,7 +54,7 @@ def test_process_counts_follow_the_device_the_deployment_names(
     settings = ServiceSettings()
     assert settings.names_a_gpu is gpu
     assert (settings.gateway_count(16), settings.worker_count(16)) == ((8, 4) if gpu else (2, 1))
-    assert (settings.gateway_count(2), settings.worker_count(2)) == ((2, 1) if gpu else (1, 1))
+    assert (settings.gateway_count(2), settings.worker_count(2)) == (1, 1)
     monkeypatch.setenv("SENTDP_WORKER_PROCESSES", "3")
     monkeypatch.setenv("SENTDP_GATEWAY_WORKERS", "5")
     assert (ServiceSettings().gateway_count(16), ServiceSettings().worker_count(16)) == (5, 3)
@@ -116,3 +123,26 @@ def test_the_gateway_gives_up_a_worker_call_after_the_request_timeout_and_before
     monkeypatch.setenv("SENTDP_IDEMPOTENCY_PENDING_SECONDS", "166.6")  # 0.9 x 166.6 < 150
     with pytest.raises(ValueError, match=r"PENDING_SECONDS x 0\.9 must exceed"):
         ServiceSettings()
+
+
+@pytest.mark.parametrize(
+    ("files", "quota"),
+    [
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu.max": "200000 100000\n"}, 2.0),
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "400000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 4.0),
+        ({}, None),
+    ],
+)
+def test_a_cgroup_cpu_quota_limits_the_cores_counted(
+    tmp_path: Path, files: dict[str, str], quota: float | None
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_cpu_quota(tmp_path) == quota
+    everything = usable_cpus(tmp_path / "none")
+    expected = everything if quota is None else min(everything, math.ceil(quota))
+    assert usable_cpus(tmp_path) == expected
