@@ -13,11 +13,12 @@ body. Each is safe under one key: the server
 replays a finished request (a failure after sampling included), answers 409 while it runs
 and frees the key only when nothing was sampled. Not retried: sentdp's own
 500 ``mechanism_failed``, 500 ``internal_error`` (a server bug; on a charged call the charge may
-stand) and 502 ``worker_response_lost`` (replaying them would only return them again; the
-charge stands), 410 ``reply_not_kept`` (the request ran, but the server
-kept no copy of its reply for retries: the tenant's bound on stored replies) and every 4xx
-that a retry cannot fix. Every exception carries the request's ``idempotency_key``: retry
-later with it to get the stored answer (a ``reply_not_kept`` one excepted), never pay twice.
+stand, unless the error says ``"charged": false``), 502 ``worker_response_lost``
+(replaying them would only return them again; the charge stands), 410 ``reply_not_kept``
+(the request ran, but the server kept no copy of its reply for retries: the tenant's bound
+on stored replies) and every 4xx that a retry cannot fix. Every exception carries the
+request's ``idempotency_key``: retry later with it to get the stored answer (a
+``reply_not_kept`` one excepted), never pay twice.
 """
 
 from __future__ import annotations
@@ -379,7 +380,9 @@ def _error(response: httpx.Response, key: str | None = None) -> SentDPError:
         kind = BudgetExhaustedError
     elif status == 401:
         kind = AuthenticationError
-    elif code in CHARGE_STANDS or (code == "internal_error" and key is not None):
+    elif code in CHARGE_STANDS or (
+        code == "internal_error" and key is not None and details.get("charged") is not False
+    ):
         kind = OutcomeUnknownError  # a charged call's internal_error may follow its charge
     elif status == 429 or code == "idempotency_key_in_flight" or status >= 500:
         kind = UnavailableError

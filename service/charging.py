@@ -115,6 +115,18 @@ def tenant_busy(tenant: str, why: str) -> ApiError:
     )
 
 
+NOTHING_DRAWN = (
+    "the service failed before running the mechanism (logged): nothing was drawn and every "
+    "charge of this request was refunded"
+)
+REFUND_FAILED = (
+    "the service failed before running the mechanism (logged), so nothing was drawn, but its "
+    "reservation could not be refunded: it may still count against the budget (see /budget); "
+    "retry only with the same Idempotency-Key"
+)
+UNKNOWN_OUTCOME = "the worker failed after the budget was charged; the charge stands"
+
+
 def work_cost(sentences: Sequence[Sequence[str]], cost: Cost) -> int:
     """A request's work in padded tokens: each distinct sentence encoded once (the worker
     encodes a repeated sentence of a tenant once), plus every sentence's own row of recoding
@@ -366,9 +378,13 @@ class Charging:
             outcome = "cancelled"  # a shutdown: the charges stay reserved, which counts them
         elif error is None:  # a settlement that failed was logged ("ledger settle failed")
             outcome, status = "answered", ran.result().status
-        else:  # an ApiError was raised after the charge: the outcome is unknown
+        else:  # an ApiError, whose stored reply says what was charged, or a bug
             outcome = "failed"
             status = error.status if isinstance(error, ApiError) else None
+            if not isinstance(error, ApiError):
+                logger.error(
+                    "request %s failed after its cancel", request.request_id, exc_info=error
+                )
         log_event(
             "charged_request_ended_after_cancel",
             logging.INFO if outcome == "answered" else logging.WARNING,
@@ -480,24 +496,26 @@ class Charging:
             # The worker was never called, so nothing was drawn: every charge is refunded and
             # the key freed, as for a request the worker refused.
             logger.exception("building the work failed (request %s)", request.request_id)
-            await self._settle(request, admission, [], reserved.charge_ids, None)
-            raise ApiError(
-                Code.INTERNAL_ERROR,
-                "the service failed before running the mechanism (logged); nothing was charged",
-            ) from None
+            if await self._settle(request, admission, [], reserved.charge_ids, None):
+                raise ApiError(Code.INTERNAL_ERROR, NOTHING_DRAWN, charged=False) from None
+            raise ApiError(Code.INTERNAL_ERROR, REFUND_FAILED) from None
         items = work.items
         try:
             results = await self._run(request, work)
-        except WorkerOutcomeUnknownError as unknown:
+        except Exception as failure:
             # Some documents may have sampled: every charge is final, and the error is stored
             # under the key, so a retry with the same key replays it instead of charging again.
-            error = ApiError(unknown.code, str(unknown))
-            failed = Reply.of(error)
-            await self._settle(request, admission, reserved.charge_ids, [], failed)
+            if isinstance(failure, WorkerOutcomeUnknownError):
+                error = ApiError(failure.code, str(failure))
+            else:  # a bug after the worker call was made
+                logger.exception("after the worker call (request %s)", request.request_id)
+                error = ApiError(Code.MECHANISM_FAILED, UNKNOWN_OUTCOME)
+            await self._settle(request, admission, reserved.charge_ids, [], Reply.of(error))
             raise error from None
-        final = [i.charge_id for i, r in zip(items, results, strict=True) if r.sampled]
-        refund = [i.charge_id for i, r in zip(items, results, strict=True) if not r.sampled]
+        final, refund = list(reserved.charge_ids), []  # until the results are read: all stand
         try:
+            final = [i.charge_id for i, r in zip(items, results, strict=True) if r.sampled]
+            refund = [i.charge_id for i, r in zip(items, results, strict=True) if not r.sampled]
             reply = self._reply(request, admission, reserved, results)
         except Exception:
             # A result this gateway cannot read (a bug, or a worker of another version): what
@@ -577,18 +595,12 @@ class Charging:
             raise
         except Exception as error:  # anything else may also have come after sampling
             logger.exception("worker call failed (request %s)", request.request_id)
-            raise WorkerOutcomeUnknownError(
-                Code.MECHANISM_FAILED,
-                "the worker failed after the budget was charged; the charge stands",
-            ) from error
+            raise WorkerOutcomeUnknownError(Code.MECHANISM_FAILED, UNKNOWN_OUTCOME) from error
         finally:
             metric("worker_call_seconds").observe(time.perf_counter() - started)
         if len(results) != len(items):
             logger.error("worker answered %d results for %d items", len(results), len(items))
-            raise WorkerOutcomeUnknownError(
-                Code.MECHANISM_FAILED,
-                "the worker failed after the budget was charged; the charge stands",
-            )
+            raise WorkerOutcomeUnknownError(Code.MECHANISM_FAILED, UNKNOWN_OUTCOME)
         refunded = [r for r in results if not r.sampled]
         if refunded:
             metric("refunds").labels(refunded[0].error or "worker").inc(len(refunded))

@@ -474,7 +474,8 @@ def test_a_failure_before_the_worker_refunds_every_charge_and_frees_the_key(
     monkeypatch.setattr(flow, "_work", unbuildable)
     first, body = run(flow, request(idempotency_key="k5", documents=[{"text": TEXT}] * 2))
     assert (first.status, body["error"]["code"]) == (500, "internal_error")
-    assert "nothing was charged" in body["error"]["message"]
+    assert body["error"]["message"] == charging_module.NOTHING_DRAWN
+    assert body["error"]["charged"] is False
     assert states(ledger) == ["refunded", "refunded"]
     assert ledger.account("acme", "alice").spent_micro == 0
     assert worker.calls == 0
@@ -482,6 +483,57 @@ def test_a_failure_before_the_worker_refunds_every_charge_and_frees_the_key(
     again, again_body = run(flow, request(idempotency_key="k5", documents=[{"text": TEXT}] * 2))
     assert (again.status, again.replayed) == (200, False), again_body
     assert ledger.account("acme", "alice").spent_micro == 4 * MICRO
+
+
+def test_a_failed_refund_before_the_worker_never_says_nothing_was_charged(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same failure, and the refund fails too: the charges stay reserved (counted) and
+    the answer says they may still count."""
+    worker = FakeWorker(BUNDLE)
+    flow = charging(ledger, worker)
+
+    def unbuildable(*_: object) -> None:
+        raise ValueError("a work item the schema refuses")
+
+    async def ledger_down(*_: object) -> bool:
+        return False  # what _settle answers when the ledger failed (logged)
+
+    monkeypatch.setattr(flow, "_work", unbuildable)
+    monkeypatch.setattr(flow, "_settle", ledger_down)
+    reply, body = run(flow, request(idempotency_key="k8"))
+    assert (reply.status, body["error"]["code"]) == (500, "internal_error")
+    assert body["error"]["message"] == charging_module.REFUND_FAILED
+    assert "charged" not in body["error"]
+    assert states(ledger) == ["reserved"]
+    assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
+    assert worker.calls == 0
+
+
+def test_a_bug_after_the_worker_call_settles_every_charge_as_final(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Code after the worker answered fails (here the refund metric): the worker may have
+    drawn, so the charges are final and the failure is stored under the key (a retry replays
+    it), never left reserved with the key pending."""
+    worker = FakeWorker(BUNDLE, mode="partial")
+    flow = charging(ledger, worker)
+
+    real_metric = charging_module.metric
+
+    def broken(name: str) -> object:
+        if name == "refunds":
+            raise RuntimeError(f"metric {name} is broken")
+        return real_metric(name)
+
+    monkeypatch.setattr(charging_module, "metric", broken)
+    first, body = run(flow, request(idempotency_key="k4", documents=[{"text": TEXT}] * 2))
+    assert (first.status, body["error"]["code"]) == (500, "mechanism_failed")
+    assert states(ledger) == ["final", "final"]
+    monkeypatch.undo()
+    again, again_body = run(flow, request(idempotency_key="k4", documents=[{"text": TEXT}] * 2))
+    assert (again.status, again.replayed, again_body) == (500, True, body)
+    assert worker.calls == 1
 
 
 def test_an_unforeseen_failure_is_the_server_s_and_says_the_charge_stands(

@@ -144,13 +144,15 @@ def test_a_reply_that_was_not_kept_is_raised_as_charged_and_not_retried() -> Non
 
 def test_an_internal_error_of_a_charged_call_is_raised_as_charged_and_not_retried() -> None:
     """500 internal_error (a server bug) may follow a charge: on /privatize the client raises
-    OutcomeUnknownError after one attempt, with its key; on /budget it is UnavailableError."""
+    OutcomeUnknownError after one attempt, with its key; on /budget, or where the server says
+    nothing was charged, it is UnavailableError (not retried either)."""
     calls: list[str | None] = []
+    refunded = {"code": "internal_error", "message": "nothing was drawn", "charged": False}
+    answers = iter([{"code": "internal_error", "message": "the service failed"}] * 2 + [refunded])
 
     def handler(request: httpx.Request) -> httpx.Response:
         calls.append(request.headers.get("idempotency-key"))
-        failed = {"error": {"code": "internal_error", "message": "the service failed"}}
-        return httpx.Response(500, json=failed)
+        return httpx.Response(500, json={"error": next(answers)})
 
     transport = httpx.MockTransport(handler)
     sentdp = Client("http://sentdp", "key", retries=3, backoff=0.0, transport=transport)
@@ -159,9 +161,12 @@ def test_an_internal_error_of_a_charged_call_is_raised_as_charged_and_not_retrie
             sentdp.privatize("u", 1.0, ["A. B."], idempotency_key="bug-1")
         with pytest.raises(UnavailableError):
             sentdp.budget("u")
+        with pytest.raises(UnavailableError) as refused:  # every charge refunded: says so
+            sentdp.privatize("u", 1.0, ["A. B."], idempotency_key="bug-2")
     assert (charged.value.status, charged.value.idempotency_key) == (500, "bug-1")
+    assert refused.value.details == {"charged": False}
     assert calls[0] == "bug-1"
-    assert len(calls) == 2  # one attempt each
+    assert len(calls) == 3  # one attempt each
 
 
 def test_a_retry_waits_at_least_what_the_server_asks(monkeypatch: pytest.MonkeyPatch) -> None:
