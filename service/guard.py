@@ -177,11 +177,11 @@ class UniformErrors:
     """A ``send`` that rewrites the web framework's own error bodies into sentdp's shape
     ``{"error": {"code": ..., "message": ...}}``: BentoML's 400 (``{"error": str, "detail":
     [...]}``) becomes ``invalid_body``, a plain-text 404 or 405 ``not_found`` or
-    ``method_not_allowed``, and BentoML's 500 ``internal_error``. BentoML answers 400 for
-    any pydantic ValidationError a handler raises; one that is not the endpoint's input model
-    (whose title ends in ``IODescriptor``) is the server's fault, so it becomes a 500
-    ``internal_error`` too, without the model's field list. sentdp's own errors (already in
-    that shape) pass unchanged.
+    ``method_not_allowed``, and any 500 of the framework's ``internal_error``. BentoML
+    answers 400 for any pydantic ValidationError a handler raises; one that is not the
+    endpoint's input model (whose title ends in ``IODescriptor``) is the server's fault, so
+    it becomes a 500 ``internal_error`` too, without the model's field list. sentdp's own
+    errors (already in that shape) pass unchanged.
 
     The start of a 400, 404, 405 or 500 is held until its body comes; anything else that
     comes first, or the app's end without a body (:meth:`flush`), sends it as it was."""
@@ -232,11 +232,14 @@ def _uniform_body(status: int, body: bytes) -> tuple[int, bytes] | None:
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         return None  # sentdp's own
-    if status in (400, 500):
+    internal = 500, json.dumps(envelope(Code.INTERNAL_ERROR, UNEXPECTED_FAILURE)).encode()
+    if status == 500:  # BentoML's JSON, or the web framework's plain text
+        return internal
+    if status == 400:
         if not (isinstance(data, dict) and isinstance(data.get("error"), str)):
             return None
-        if status == 500 or not_the_input_model(data["error"]):
-            return 500, json.dumps(envelope(Code.INTERNAL_ERROR, UNEXPECTED_FAILURE)).encode()
+        if not_the_input_model(data["error"]):
+            return internal
         extra = {"detail": data["detail"]} if "detail" in data else {}
         message = body_error_message(data["error"])
         return status, json.dumps(envelope(Code.INVALID_BODY, message, **extra)).encode()

@@ -492,6 +492,7 @@ def answered(
         (404, b"Not Found", "/privatise", "not_found"),  # unprotected: any path
         (404, b'{"detail": "Not Found"}', "/nope", "not_found"),
         (400, b'{"error": "1 validation error for XIODescriptor"}', "/nope", "invalid_body"),
+        (500, b"Internal Server Error", "/privatize", "internal_error"),  # the framework's text
     ],
 )
 def test_the_framework_s_routing_errors_come_in_sentdp_s_shape(
