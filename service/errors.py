@@ -124,5 +124,6 @@ def classify_forms_error() -> ApiError:
     """/classify got a mix of its two forms."""
     return ApiError(
         Code.INVALID_BODY,
-        "classify takes either user, epsilon and documents, or model and candidates",
+        "classify takes either user, epsilon and documents (charged), or model and "
+        "candidates (a free lookup), never fields of both",
     )

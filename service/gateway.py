@@ -154,8 +154,10 @@ class Gateway:
     ) -> ClassifyResponse:
         """Documents -> private embedding -> class label (one charge, as /privatize); or
         (model, candidate ids) already released -> labels at no charge."""
+        # Either form whole and alone: a field of the other form is refused, never ignored
+        # (a ``model`` beside documents would not pin the version that is charged).
         if documents is None:
-            if model is None or candidates is None:
+            if model is None or candidates is None or user is not None or epsilon is not None:
                 return self._error(ctx, classify_forms_error())
             tenant = self._tenant(ctx)
             if tenant is None:
@@ -167,7 +169,7 @@ class Gateway:
             body = json.dumps(found.model_dump(mode="json", exclude_none=True))
             reply: Any = self._respond(ctx, Reply(200, body))  # no null fields, as /privatize's
             return reply
-        if candidates is not None or user is None or epsilon is None:
+        if candidates is not None or model is not None or user is None or epsilon is None:
             return self._error(ctx, classify_forms_error())
         return await self._charged(ctx, user, epsilon, documents, with_labels=True)
 

@@ -345,6 +345,11 @@ def test_metrics_need_the_metrics_token_and_openapi_is_served(server) -> None:
         {"user": "u", "epsilon": 1.0, "documents": [{"text": "A. B."}], "candidates": [0]},
         {"model": "sentdp-test:latest"},
         {},
+        # a field of the other form is refused, not ignored (a trial charged these, or served
+        # a lookup that dropped user and epsilon)
+        {"user": "u", "epsilon": 1.0, "documents": [{"text": "A. B."}], "model": "other:v9"},
+        {"model": "sentdp-test:latest", "candidates": [0], "user": "u"},
+        {"model": "sentdp-test:latest", "candidates": [0], "epsilon": 1.0},
     ],
 )
 def test_classify_needs_one_complete_form(server, body) -> None:
