@@ -56,6 +56,8 @@ class RedactExceptionMessages(logging.Filter):
                 # is the caller's mistake, answered 4xx: one warning line, no stack
                 kind = type(record.exc_info[1]).__qualname__
                 record.levelno, record.levelname = logging.WARNING, "WARNING"
+                if hasattr(record, "levelname_bracketed"):  # set by BentoML's filter before us
+                    record.levelname_bracketed = "[WARNING]"
                 message = f"{message}: refused as the caller's error ({kind})"
                 text = message
             else:
