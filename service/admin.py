@@ -2,13 +2,17 @@
 
 * ``new-key --tenant ID [--max-epsilon E --group-size G --budget B --composition C
   --accounting A --delta D --period-days N]``: add a tenant (or a key to an existing one) to
-  the tenants file and print the new API key once.
+  the tenants file and print the new API key once; the policy options describe a new tenant
+  and are refused for one that exists.
+* ``set-tenant --tenant ID [--max-epsilon E] [--group-size G] [--budget B]``: change an
+  existing tenant's limits (its accountant is changed by editing the tenants file).
 * ``revoke-key --tenant ID (--key KEY | --key-file FILE | --all)``: remove API keys of a
   tenant; running servers stop accepting them within a second (they re-read the file).
 * ``purge``: delete idempotency rows older than their 24-hour window now (servers also do it
   as they go).
-* ``budget --tenant ID --user U``: a user's spending in the current period (as the tenant's
-  next request will find it: a period that has ended shows as the next, empty one).
+* ``budget --tenant ID --user U``: a user's spending in the current period and what is left,
+  the fields of the HTTP ``/budget`` (as the tenant's next request will find it: a period
+  that has ended shows as the next, empty one).
 * ``new-period --tenant ID --user U``: start a new period for a user (Σε back to 0). The
   privacy guarantee then holds per period; use it only when your policy says so.
 """
@@ -21,10 +25,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sentdp.accounting import to_epsilon
 from service.ledger import LedgerMissingError, open_ledger
 from service.settings import load_settings
 from service.tenants import Tenant, TenantsFile, hash_key, new_key, write_private
+from service.views import budget_view
 
 
 def _read(path: Path) -> TenantsFile:
@@ -88,19 +92,27 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     key = commands.add_parser("new-key", help="add a tenant or an API key; prints the key")
     key.add_argument("--tenant", required=True)
-    key.add_argument("--max-epsilon", type=float, default=10.0)
-    key.add_argument("--group-size", type=int, default=1)
-    key.add_argument("--budget", type=float, default=100.0)
-    key.add_argument(
+    key.add_argument("--key-file", type=Path, help="also write the key to this file (mode 600)")
+    policy = key.add_argument_group(
+        "a new tenant's policy", "refused for a tenant that exists: see set-tenant"
+    )
+    _limits(policy, defaults=True)
+    policy.add_argument(
         "--composition",
         choices=["sequential", "per-document"],
-        default="sequential",
-        help="per-document: requests name each document's stable id (see the README)",
+        help="sequential (default): every release counts for every document; per-document: "
+        "requests name each document's stable id (see the README)",
     )
-    key.add_argument("--accounting", choices=["pure", "zcdp"], default="pure")
-    key.add_argument("--delta", type=float, help="delta of (B, delta); required with zcdp")
-    key.add_argument("--period-days", type=int, help="renew budgets every this many days")
-    key.add_argument("--key-file", type=Path, help="also write the key to this file (mode 600)")
+    policy.add_argument("--accounting", choices=["pure", "zcdp"], help="default: pure")
+    policy.add_argument("--delta", type=float, help="delta of (B, delta); required with zcdp")
+    policy.add_argument("--period-days", type=int, help="renew budgets every this many days")
+    change = commands.add_parser(
+        "set-tenant",
+        help="change a tenant's limits (running servers re-read the tenants file within a "
+        "second); its accountant is changed by editing the tenants file",
+    )
+    change.add_argument("--tenant", required=True)
+    _limits(change, defaults=False)
     revoke = commands.add_parser("revoke-key", help="remove API keys of a tenant")
     revoke.add_argument("--tenant", required=True)
     which = revoke.add_mutually_exclusive_group(required=True)
@@ -123,11 +135,64 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+NEW_TENANT = {"max_epsilon": 10.0, "group_size": 1, "budget": 100.0}
+"""A new tenant's limits where ``new-key`` is not given them."""
+
+
+def _limits(parser: Any, defaults: bool) -> None:
+    """The options of a tenant's limits (unset: None, so that a given one can be told)."""
+    shown = {
+        name: f" (default {value:g})" if defaults else "" for name, value in NEW_TENANT.items()
+    }
+    parser.add_argument(
+        "--max-epsilon",
+        type=float,
+        help=f"the largest epsilon one request may ask for{shown['max_epsilon']}",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        help="g: how many segments of a user's text one guarantee covers; every release is "
+        f"charged g times its epsilon{shown['group_size']}",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        help=f"B: each user's limit of charged epsilon per period{shown['budget']}",
+    )
+
+
+def set_limits(path: Path, tenant_id: str, limits: dict[str, Any]) -> Tenant:
+    """Change an existing tenant's max epsilon, group size or budget in the tenants file."""
+    tenants = _read(path)
+    existing = {t.id: t for t in tenants.tenants}
+    if tenant_id not in existing:
+        raise SystemExit(f"sentdp-admin: no tenant {tenant_id!r} in {path}")
+    try:
+        updated = Tenant.model_validate(existing[tenant_id].model_dump() | limits)
+    except ValueError as error:
+        raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None
+    existing[tenant_id] = updated
+    _write(path, TenantsFile(tenants=list(existing.values())))
+    return updated
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     settings = load_settings()
     if args.command == "new-key":
         new_tenant_key(args, settings.tenants_file)
+        return
+    if args.command == "set-tenant":
+        limits = {
+            name: getattr(args, name) for name in NEW_TENANT if getattr(args, name) is not None
+        }
+        if not limits:
+            raise SystemExit(
+                "sentdp-admin: set-tenant needs --max-epsilon, --group-size or --budget"
+            )
+        tenant = set_limits(settings.tenants_file, args.tenant, limits)
+        print(json.dumps({"tenant": tenant.id, **{n: getattr(tenant, n) for n in NEW_TENANT}}))
         return
     if args.command == "revoke-key":
         key = args.key_file.read_text().strip() if args.key_file else args.key
@@ -153,21 +218,13 @@ def main(argv: list[str] | None = None) -> None:
         ledger.recount_stored_replies()
         print(json.dumps({"recounted": True}))
         return
+    assert known is not None
     if args.command == "new-period":
         account = ledger.new_period(args.tenant, args.user)
     else:  # as the tenant's next request will find it
-        account = ledger.account(args.tenant, args.user, known.policy if known else None)
-    print(
-        json.dumps(
-            {
-                "tenant": account.tenant,
-                "user": account.user,
-                "spent_epsilon": to_epsilon(account.spent_micro),
-                "documents": account.documents,
-                "period": account.period,
-            }
-        )
-    )
+        account = ledger.account(args.tenant, args.user, known.policy)
+    view = budget_view(account, known.policy)  # the fields of the HTTP /budget
+    print(json.dumps({"tenant": account.tenant, **view.model_dump(mode="json", exclude_none=True)}))
 
 
 WHERE_THE_SERVER_KEEPS_IT = (
@@ -178,16 +235,40 @@ WHERE_THE_SERVER_KEEPS_IT = (
 
 
 def new_tenant_key(args: argparse.Namespace, tenants_file: Path) -> None:
-    """``new-key``: add the key (and the tenant), print it once, write it to --key-file."""
+    """``new-key``: add the key (and the tenant), print it once, write it to --key-file. The
+    policy options describe a new tenant; for one that exists they are refused, never
+    ignored (``set-tenant`` changes its limits)."""
     accountant = {
-        "composition": args.composition,
-        "accounting": args.accounting,
+        "composition": args.composition or "sequential",
+        "accounting": args.accounting or "pure",
         "delta": args.delta,
         "period_days": args.period_days,
     }
+    given = [
+        "--" + name.replace("_", "-")
+        for name in (*NEW_TENANT, "composition", "accounting", "delta", "period_days")
+        if getattr(args, name) is not None
+    ]
+    if given and any(t.id == args.tenant for t in _read(tenants_file).tenants):
+        raise SystemExit(
+            f"sentdp-admin: tenant {args.tenant!r} exists: new-key only adds a key to it, "
+            f"so {', '.join(given)} would be ignored; change its limits with "
+            f"`sentdp-admin set-tenant --tenant {args.tenant} ...`, its accountant by "
+            f"editing {tenants_file}"
+        )
+
+    def given_or_default(name: str) -> Any:
+        value = getattr(args, name)
+        return NEW_TENANT[name] if value is None else value
+
     try:
         secret = add_key(
-            tenants_file, args.tenant, args.max_epsilon, args.group_size, args.budget, accountant
+            tenants_file,
+            args.tenant,
+            given_or_default("max_epsilon"),
+            int(given_or_default("group_size")),
+            given_or_default("budget"),
+            accountant,
         )
     except ValueError as error:
         raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None

@@ -146,3 +146,50 @@ def test_a_postgresql_schema_without_a_ledger_is_refused_and_not_created(
     assert json.loads(capsys.readouterr().out)["spent_epsilon"] == 0.0
     main(["recount-replies"])
     assert json.loads(capsys.readouterr().out) == {"recounted": True}
+
+
+def test_policy_options_for_an_existing_tenant_are_refused_not_ignored(
+    tenants_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new user's trial: `new-key --tenant acme --budget 50` on an existing tenant said
+    "saved" and left the budget at its old value."""
+    first = new_key("acme", capsys, "--budget", "20")
+    before = tenants_file.read_text()
+    with pytest.raises(SystemExit, match=r"tenant 'acme' exists: .*--budget.*set-tenant"):
+        main(["new-key", "--tenant", "acme", "--budget", "50"])
+    assert tenants_file.read_text() == before
+    second = new_key("acme", capsys)  # a key alone is still added
+    registry = TenantRegistry.load(tenants_file)
+    assert registry.authenticate(first).budget == registry.authenticate(second).budget == 20
+
+
+def test_set_tenant_changes_limits_and_keeps_keys_and_accountant(
+    tenants_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = new_key("acme", capsys, "--budget", "20", "--composition", "per-document")
+    main(["set-tenant", "--tenant", "acme", "--budget", "50", "--max-epsilon", "4"])
+    assert json.loads(capsys.readouterr().out) == {
+        "tenant": "acme", "max_epsilon": 4.0, "group_size": 1, "budget": 50.0,
+    }  # fmt: skip
+    tenant = TenantRegistry.load(tenants_file).authenticate(key)
+    assert (tenant.budget, tenant.max_epsilon, tenant.composition) == (50, 4, "per-document")
+    for wrong, message in (
+        (["--tenant", "ghost", "--budget", "1"], "no tenant 'ghost'"),
+        (["--tenant", "acme"], "needs --max-epsilon"),
+        (["--tenant", "acme", "--group-size", "0"], "invalid tenant"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            main(["set-tenant", *wrong])
+    assert TenantRegistry.load(tenants_file).authenticate(key).group_size == 1
+
+
+def test_budget_prints_what_the_http_budget_says(
+    tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    new_key("acme", capsys, "--budget", "20", "--group-size", "2")
+    open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}").close()
+    main(["budget", "--tenant", "acme", "--user", "u"])
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["tenant"] == "acme"
+    assert (shown["spent_epsilon"], shown["limit"], shown["remaining"]) == (0.0, 20.0, 20.0)
+    assert (shown["group_size"], shown["remaining_epsilon"]) == (2, 10.0)
