@@ -81,7 +81,7 @@ def revoke_keys(path: Path, tenant_id: str, key: str | None) -> int:
     kept = [] if key is None else [h for h in current.key_sha256 if h != hash_key(key)]
     removed = len(current.key_sha256) - len(kept)
     if key is not None and removed == 0:
-        raise SystemExit(f"sentdp-admin: that key is not one of tenant {tenant_id!r}'s keys")
+        raise SystemExit(f"sentdp-admin: that key is not one of the keys of tenant {tenant_id!r}")
     existing[tenant_id] = current.model_copy(update={"key_sha256": kept})
     _write(path, TenantsFile(tenants=list(existing.values())))
     return removed

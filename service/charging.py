@@ -470,7 +470,8 @@ class Charging:
         except IdempotencyMismatchError:
             raise ApiError(
                 Code.IDEMPOTENCY_KEY_REUSED,
-                "this Idempotency-Key was used with a different request body; use a new key",
+                "this Idempotency-Key was used with a different request (another endpoint or "
+                "body); use a new key",
             ) from None
         except Exception:
             logger.exception("ledger reserve failed (request %s)", request.request_id)

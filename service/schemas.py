@@ -109,7 +109,9 @@ class DocumentIn(BaseModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> DocumentIn:
-        if (self.text is None) == (self.sentences is None):
+        if self.text is None and self.sentences is None:
+            raise ValueError("give each document its 'text' or its 'sentences'")
+        if self.text is not None and self.sentences is not None:
             raise ValueError("give either 'text' or 'sentences' for each document, not both")
         return self
 

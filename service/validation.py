@@ -47,7 +47,9 @@ def finite_epsilon(epsilon: float) -> float:
     """``epsilon`` if it is a finite number above 0; 400 otherwise."""
     if not math.isfinite(epsilon) or epsilon <= 0:
         raise ApiError(
-            Code.INVALID_EPSILON, f"epsilon must be a finite number above 0, got {epsilon!r}"
+            Code.INVALID_EPSILON,
+            "epsilon must be a finite number above 0 (and above the mechanism's float slack, "
+            f"a few millionths), got {epsilon!r}",
         )
     return epsilon
 
@@ -58,12 +60,13 @@ def charge_of(epsilon: float, max_epsilon: float, slack: float) -> int:
     if epsilon <= slack:
         raise ApiError(
             Code.INVALID_EPSILON,
-            f"epsilon must be a finite number above {slack:.2g}, got {epsilon!r}",
+            f"epsilon must be a finite number above the mechanism's float slack {slack:.2g}, "
+            f"got {epsilon!r}",
         )
     if epsilon > max_epsilon:
         raise ApiError(
             Code.INVALID_EPSILON,
-            f"epsilon {epsilon:g} is above this tenant's maximum of {max_epsilon:g}",
+            f"epsilon {epsilon!r} is above this tenant's maximum of {max_epsilon!r}",
         )
     try:
         return charge_for(epsilon)

@@ -45,7 +45,7 @@ def test_revoking_one_key_or_all(tenants_file: Path, capsys: pytest.CaptureFixtu
     registry = TenantRegistry.load(tenants_file)
     assert registry.authenticate(first) is None
     assert registry.authenticate(second).id == "acme"
-    with pytest.raises(SystemExit, match="not one of tenant 'acme'"):
+    with pytest.raises(SystemExit, match="not one of the keys of tenant 'acme'"):
         main(["revoke-key", "--tenant", "acme", "--key", other])
     main(["revoke-key", "--tenant", "acme", "--all"])
     registry = TenantRegistry.load(tenants_file)
