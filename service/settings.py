@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 WORKER_CALL_SHARE = 0.9
@@ -114,7 +114,7 @@ class ServiceSettings(BaseSettings):
     idempotency_pending_seconds: float = Field(default=300.0, gt=0)
     """A request unfinished after this long is abandoned; its key can then be reused."""
     device: str | None = None
-    """torch device of the worker (CUDA when present, else the CPU)."""
+    """torch device of the worker (unset or ``auto``: CUDA when present, else the CPU)."""
     cuda_graphs: bool = True
     """On CUDA, replay each bucket's fixed-shape pass as a captured CUDA graph (False: eager
     passes, measured bit-identical on an H100). The worker falls back to eager passes by
@@ -160,6 +160,13 @@ class ServiceSettings(BaseSettings):
     sample_journal: Path | None = None
     """When set, the worker appends each charge id here before drawing its randomness (audits,
     fault tests); the journal holds ids only, never text."""
+
+    @field_validator("device")
+    @classmethod
+    def _auto_is_unset(cls, device: str | None) -> str | None:
+        from sentdp.encoders import named_device
+
+        return named_device(device)
 
     @property
     def names_a_gpu(self) -> bool:

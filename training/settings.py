@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import platformdirs
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sentdp.encoders import named_device
 
 
 class TrainingSettings(BaseSettings):
@@ -19,10 +21,15 @@ class TrainingSettings(BaseSettings):
     encoder_dir: Path | None = None
     """A sentence-transformers model directory for G; the packaged MiniLM when unset."""
     device: str | None = None
-    """torch device for G; CUDA when present, else the CPU."""
+    """torch device for G; unset or ``auto``: CUDA when present, else the CPU."""
     encode_batch_size: int = Field(default=64, ge=1)
     threads: int = Field(default=2, ge=1)
     """torch threads: fixed so that re-runs are byte-identical."""
+
+    @field_validator("device")
+    @classmethod
+    def _auto_is_unset(cls, device: str | None) -> str | None:
+        return named_device(device)
 
 
 def load_settings() -> TrainingSettings:

@@ -41,6 +41,8 @@ def test_a_gpu_deployment_gets_the_processes_measured_on_an_h100(
         ({"SENTDP_DEVICE": "cuda"}, True),
         ({"SENTDP_DEVICE": "cuda:1"}, True),
         ({"SENTDP_WORKER_GPUS": "1", "SENTDP_DEVICE": "cpu"}, False),  # the GPU image on a CPU
+        ({"SENTDP_WORKER_GPUS": "1", "SENTDP_DEVICE": "auto"}, True),  # auto is the default
+        ({"SENTDP_DEVICE": "auto"}, False),
     ],
 )
 def test_process_counts_follow_the_device_the_deployment_names(
