@@ -364,6 +364,19 @@ def _retryable(error: SentDPError) -> bool:
     return error.status == 503 and not error.details.get("released")
 
 
+def _where(detail: Any) -> str:
+    """The fields a refused body got wrong, for the exception's message: ``(documents.0.text:
+    Input should be a valid string)``."""
+    if not isinstance(detail, list):
+        return ""
+    found = [
+        f"{'.'.join(str(part) for part in entry.get('loc', []))}: {entry.get('msg', '')}"
+        for entry in detail[:5]
+        if isinstance(entry, dict)
+    ]
+    return f" ({'; '.join(found)})" if found else ""
+
+
 def _error(response: httpx.Response, key: str | None = None) -> SentDPError:
     """The server's error envelope as the matching exception (or a generic one)."""
     try:
@@ -372,6 +385,7 @@ def _error(response: httpx.Response, key: str | None = None) -> SentDPError:
         details = {k: v for k, v in payload.items() if k not in ("code", "message")}
     except (ValueError, KeyError, TypeError):
         code, message, details = "http_error", response.text[:200], {}
+    message += _where(details.get("detail"))
     status = response.status_code
     kind: type[SentDPError] = SentDPError
     if code == "http_error" and status in (502, 504):

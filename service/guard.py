@@ -240,7 +240,7 @@ def _uniform_body(status: int, body: bytes) -> tuple[int, bytes] | None:
             return None
         if not_the_input_model(data["error"]):
             return internal
-        extra = {"detail": data["detail"]} if "detail" in data else {}
+        extra = {"detail": _without_urls(data["detail"])} if "detail" in data else {}
         message = body_error_message(data["error"])
         return status, json.dumps(envelope(Code.INVALID_BODY, message, **extra)).encode()
     code, message = ROUTING_ERRORS[status]
@@ -256,8 +256,26 @@ def not_the_input_model(message: str) -> bool:
 
 def body_error_message(message: str) -> str:
     """BentoML's message for a body that fails validation, without the name of the class
-    BentoML made for the endpoint ("1 validation error for PrivatizeRequestIODescriptor")."""
-    return re.sub(r"\bfor \w*IODescriptor\b", "in the request body", message)
+    BentoML made for the endpoint ("1 validation error for PrivatizeRequestIODescriptor"),
+    and in the plural where there are several ("3 validation error for ...")."""
+    message = re.sub(r"\bfor \w*IODescriptor\b", "in the request body", message)
+    return re.sub(r"^(\d+) validation error\b", _errors_counted, message)
+
+
+def _errors_counted(found: re.Match[str]) -> str:
+    count = int(found.group(1))
+    return f"{count} validation error{'' if count == 1 else 's'}"
+
+
+def _without_urls(detail: Any) -> Any:
+    """pydantic's error list without each entry's ``url`` (a link to its documentation,
+    which names the library's version)."""
+    if not isinstance(detail, list):
+        return detail
+    return [
+        {k: v for k, v in entry.items() if k != "url"} if isinstance(entry, dict) else entry
+        for entry in detail
+    ]
 
 
 def declared_length(digits: bytes) -> int:

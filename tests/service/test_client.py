@@ -231,3 +231,23 @@ def test_the_example_runs_against_the_server(server) -> None:
     assert "embedding of 384 numbers, 3 sentences" in done.stdout
     assert "refused:" in done.stdout
     assert "(remaining " in done.stdout
+
+
+def test_a_refused_body_names_its_wrong_fields_in_the_message() -> None:
+    """A trial: `privatize('u', epsilon='2.5', ...)` said only "1 validation error in the
+    request body"; the fields are in the server's detail list."""
+    refused = {
+        "code": "invalid_body",
+        "message": "1 validation error in the request body",
+        "detail": [{"type": "float_type", "loc": ["epsilon"], "msg": "Input should be a number"}],
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": refused})
+
+    transport = httpx.MockTransport(handler)
+    sentdp = Client("http://sentdp", "key", transport=transport)
+    with sentdp, pytest.raises(InvalidRequestError) as invalid:
+        sentdp.privatize("u", "2.5", ["A. B."])  # type: ignore[arg-type]
+    assert str(invalid.value).endswith("(epsilon: Input should be a number)")
+    assert invalid.value.details["detail"] == refused["detail"]

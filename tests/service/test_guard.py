@@ -449,6 +449,9 @@ def test_a_body_error_names_no_internal_class() -> None:
         body_error_message(message) == "1 validation error in the request body\nuser\n  too short"
     )
     assert body_error_message("Invalid JSON") == "Invalid JSON"
+    assert body_error_message("3 validation error for BudgetRequestIODescriptor") == (
+        "3 validation errors in the request body"
+    )
 
 
 def answered(
@@ -551,6 +554,7 @@ def test_bentoml_s_own_errors_say_whose_fault_they_are() -> None:
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "invalid_body"
     assert refused.json()["error"]["detail"][0]["loc"] == ["x"]
+    assert "url" not in refused.json()["error"]["detail"][0]  # it names pydantic's version
     for response in (broken, failed):
         assert response.status_code == 500
         assert response.json() == {
