@@ -65,7 +65,9 @@ def invariant_encoder(
 
 
 def _serving(encoder: Any, device: str, mode: str) -> tuple[Any, str]:
-    level = logging.INFO if mode in ("cuda", "cpu") else logging.WARNING
+    # Fixed-shape batches are a checked, safe mode (the usual one on CUDA and on AVX-512
+    # CPUs); only a CUDA worker that fell back to the CPU is worth a warning.
+    level = logging.WARNING if mode == "cpu-fallback" else logging.INFO
     graphs = bool(getattr(encoder, "cuda_graphs", False))
     logs.log_event("encoder_batch_invariance", level, device=device, mode=mode, cuda_graphs=graphs)
     return encoder, mode

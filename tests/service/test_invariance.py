@@ -122,3 +122,29 @@ def test_it_refuses_to_serve_when_every_mode_moves_a_probe(
         getattr(r, "sentdp_fields", {}).get("event") == "encoder_not_batch_invariant"
         for r in caplog.records
     )
+
+
+@pytest.mark.parametrize(
+    ("opener", "device", "level"),
+    [
+        (Opener({}), "cuda:0", logging.INFO),  # graphed fixed batches: the usual CUDA mode
+        (
+            Opener({("cuda:0", True): "moves", ("cuda:0", False): "raises"}),
+            "cuda:0",
+            logging.WARNING,
+        ),
+    ],
+)
+def test_only_a_fallback_to_the_cpu_is_logged_as_a_warning(
+    opener: Opener, device: str, level: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A new user's trial read the start-up's fixed-batch mode, logged as a warning on every
+    start of a 2-core AVX-512 machine, as something wrong."""
+    with caplog.at_level(logging.INFO, logger="sentdp.service"):
+        choose(FakeEncoder(device, moves=True), opener)
+    (serving,) = [
+        r
+        for r in caplog.records
+        if getattr(r, "sentdp_fields", {}).get("event") == "encoder_batch_invariance"
+    ]
+    assert serving.levelno == level
