@@ -113,9 +113,8 @@ def default_encoder_path() -> Path:
 def named_device(requested: str | None) -> str | None:
     """A device setting as a torch device name, or None where it names none: unset, empty,
     or ``auto`` (the default's name)."""
-    if requested is None or requested.strip().lower() in ("", "auto"):
-        return None
-    return requested
+    named = (requested or "").strip().lower()
+    return None if named in ("", "auto") else named
 
 
 def pick_device(requested: str | None = None) -> str:

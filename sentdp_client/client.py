@@ -369,12 +369,15 @@ def _where(detail: Any) -> str:
     Input should be a valid string)``."""
     if not isinstance(detail, list):
         return ""
-    found = [
-        f"{'.'.join(str(part) for part in entry.get('loc', []))}: {entry.get('msg', '')}"
-        for entry in detail[:5]
-        if isinstance(entry, dict)
-    ]
-    return f" ({'; '.join(found)})" if found else ""
+    found = []
+    for entry in detail[:5]:
+        if not isinstance(entry, dict):
+            continue
+        loc = entry.get("loc")
+        parts = loc if isinstance(loc, list | tuple) else [] if loc is None else [loc]
+        found.append(f"{'.'.join(str(part) for part in parts)}: {entry.get('msg', '')}")
+    where = "; ".join(found)[:300]  # whatever the body holds, never an error of its own
+    return f" ({where})" if where else ""
 
 
 def _error(response: httpx.Response, key: str | None = None) -> SentDPError:

@@ -20,8 +20,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
+import os
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +42,24 @@ def _read(path: Path) -> TenantsFile:
 
 
 def _write(path: Path, tenants: TenantsFile) -> None:
-    write_private(path, tenants.model_dump_json(indent=2))
+    try:
+        write_private(path, tenants.model_dump_json(indent=2))
+    except PermissionError as refused:
+        raise SystemExit(f"sentdp-admin: {refused}") from None
+
+
+@contextlib.contextmanager
+def _editing(path: Path) -> Iterator[None]:
+    """One sentdp-admin at a time reads, changes and writes the tenants file (a revocation
+    must not be undone by a write that read the file before it): an exclusive lock on its
+    folder, which holds no other file for it."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(folder)
 
 
 def add_key(
@@ -48,12 +69,34 @@ def add_key(
     group_size: int,
     budget: float,
     accountant: dict[str, Any] | None = None,
+    policy_given: Sequence[str] = (),
 ) -> str:
     """Add a key (and the tenant, if new, with its ``accountant`` fields: composition,
-    accounting, delta, period_days) to the tenants file; return the key."""
+    accounting, delta, period_days) to the tenants file; return the key. ``policy_given``
+    names the options the caller set: refused for a tenant that exists, never ignored."""
+    with _editing(path):
+        return _add_key(path, tenant_id, max_epsilon, group_size, budget, accountant, policy_given)
+
+
+def _add_key(
+    path: Path,
+    tenant_id: str,
+    max_epsilon: float,
+    group_size: int,
+    budget: float,
+    accountant: dict[str, Any] | None,
+    policy_given: Sequence[str],
+) -> str:
     key = new_key()
     tenants = _read(path)
     existing = {t.id: t for t in tenants.tenants}
+    if tenant_id in existing and policy_given:
+        raise SystemExit(
+            f"sentdp-admin: tenant {tenant_id!r} exists: new-key only adds a key to it, "
+            f"so {', '.join(policy_given)} would be ignored; change its limits with "
+            f"`sentdp-admin set-tenant --tenant {tenant_id} ...`, its accountant by "
+            f"editing {path}"
+        )
     if tenant_id in existing:
         current = existing[tenant_id]
         updated = current.model_copy(update={"key_sha256": [*current.key_sha256, hash_key(key)]})
@@ -73,6 +116,11 @@ def add_key(
 
 def revoke_keys(path: Path, tenant_id: str, key: str | None) -> int:
     """Remove one key (``key``) or every key (None) of a tenant; returns how many went."""
+    with _editing(path):
+        return _revoke_keys(path, tenant_id, key)
+
+
+def _revoke_keys(path: Path, tenant_id: str, key: str | None) -> int:
     tenants = _read(path)
     existing = {t.id: t for t in tenants.tenants}
     if tenant_id not in existing:
@@ -162,19 +210,39 @@ def _limits(parser: Any, defaults: bool) -> None:
     )
 
 
-def set_limits(path: Path, tenant_id: str, limits: dict[str, Any]) -> Tenant:
-    """Change an existing tenant's max epsilon, group size or budget in the tenants file."""
+def set_limits(path: Path, tenant_id: str, limits: dict[str, Any]) -> tuple[Tenant, Tenant]:
+    """Change an existing tenant's max epsilon, group size or budget in the tenants file;
+    the tenant before and after."""
+    with _editing(path):
+        return _set_limits(path, tenant_id, limits)
+
+
+def weakened(before: Tenant, after: Tenant) -> list[str]:
+    """What of a change lets a user's releases in the current period add up to more than
+    the old limits allowed."""
+    return [
+        text
+        for text, weaker in (
+            ("the budget is raised", after.budget > before.budget),
+            ("the group size is lowered", after.group_size < before.group_size),
+        )
+        if weaker
+    ]
+
+
+def _set_limits(path: Path, tenant_id: str, limits: dict[str, Any]) -> tuple[Tenant, Tenant]:
     tenants = _read(path)
     existing = {t.id: t for t in tenants.tenants}
     if tenant_id not in existing:
         raise SystemExit(f"sentdp-admin: no tenant {tenant_id!r} in {path}")
+    existing_before = existing[tenant_id]
     try:
         updated = Tenant.model_validate(existing[tenant_id].model_dump() | limits)
     except ValueError as error:
         raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None
     existing[tenant_id] = updated
     _write(path, TenantsFile(tenants=list(existing.values())))
-    return updated
+    return existing_before, updated
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -191,7 +259,14 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(
                 "sentdp-admin: set-tenant needs --max-epsilon, --group-size or --budget"
             )
-        tenant = set_limits(settings.tenants_file, args.tenant, limits)
+        before, tenant = set_limits(settings.tenants_file, args.tenant, limits)
+        for change in weakened(before, tenant):
+            print(
+                f"sentdp-admin: warning: {change}: releases already made in a user's current "
+                "period now count against looser limits, so the period's guarantee is weaker "
+                "than the old limits promised",
+                file=sys.stderr,
+            )
         print(json.dumps({"tenant": tenant.id, **{n: getattr(tenant, n) for n in NEW_TENANT}}))
         return
     if args.command == "revoke-key":
@@ -249,13 +324,6 @@ def new_tenant_key(args: argparse.Namespace, tenants_file: Path) -> None:
         for name in (*NEW_TENANT, "composition", "accounting", "delta", "period_days")
         if getattr(args, name) is not None
     ]
-    if given and any(t.id == args.tenant for t in _read(tenants_file).tenants):
-        raise SystemExit(
-            f"sentdp-admin: tenant {args.tenant!r} exists: new-key only adds a key to it, "
-            f"so {', '.join(given)} would be ignored; change its limits with "
-            f"`sentdp-admin set-tenant --tenant {args.tenant} ...`, its accountant by "
-            f"editing {tenants_file}"
-        )
 
     def given_or_default(name: str) -> Any:
         value = getattr(args, name)
@@ -269,6 +337,7 @@ def new_tenant_key(args: argparse.Namespace, tenants_file: Path) -> None:
             int(given_or_default("group_size")),
             given_or_default("budget"),
             accountant,
+            given,
         )
     except ValueError as error:
         raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None

@@ -197,15 +197,32 @@ class TenantSource:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, readable by its owner only (0600 from creation)."""
+    """Write ``text`` to ``path`` atomically, readable by its owner only (0600 from creation).
+    A file that exists keeps its owner and group (an operator running ``sudo sentdp-admin``
+    must not leave the server a tenants file it cannot read); where that cannot be done the
+    write is refused and the file left as it was."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(handle, "w") as out:
+            with contextlib.suppress(FileNotFoundError):
+                owner = os.stat(path)
+                if (owner.st_uid, owner.st_gid) != (os.geteuid(), os.getegid()):
+                    try:
+                        os.fchown(out.fileno(), owner.st_uid, owner.st_gid)
+                    except PermissionError:
+                        raise PermissionError(
+                            f"{path} belongs to uid {owner.st_uid}; write it as that user"
+                        ) from None
             out.write(text)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, path)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:  # the rename itself is durable
+            os.fsync(directory)
+        finally:
+            os.close(directory)
     finally:
         with contextlib.suppress(FileNotFoundError):  # replaced already
             os.unlink(temporary)

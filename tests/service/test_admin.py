@@ -4,6 +4,7 @@ running server's view of the tenants file without a restart."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,41 @@ def test_budget_prints_what_the_http_budget_says(
     assert shown["tenant"] == "acme"
     assert (shown["spent_epsilon"], shown["limit"], shown["remaining"]) == (0.0, 20.0, 20.0)
     assert (shown["group_size"], shown["remaining_epsilon"]) == (2, 10.0)
+
+
+def test_writers_of_the_tenants_file_take_turns(tenants_file: Path) -> None:
+    """Read, change and write under one lock: keys added from many threads at once are all
+    kept (without the lock a write that read the file earlier drops the others' keys)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from service.admin import add_key
+
+    with ThreadPoolExecutor(8) as pool:
+        keys = list(pool.map(lambda _: add_key(tenants_file, "acme", 10.0, 1, 100.0), range(40)))
+    registry = TenantRegistry.load(tenants_file)
+    assert all(registry.authenticate(key) is not None for key in keys)
+    assert sorted(p.name for p in tenants_file.parent.iterdir()) == ["tenants.json"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
+def test_a_rewrite_keeps_the_tenants_file_s_owner(
+    tenants_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sudo sentdp-admin ...` must not leave the server's user a tenants file it cannot read."""
+    new_key("acme", capsys)
+    os.chown(tenants_file, 1234, 1234)
+    main(["set-tenant", "--tenant", "acme", "--budget", "50"])
+    stat = tenants_file.stat()
+    assert (stat.st_uid, stat.st_gid, stat.st_mode & 0o777) == (1234, 1234, 0o600)
+
+
+def test_set_tenant_warns_when_a_change_weakens_the_current_period(
+    tenants_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    new_key("acme", capsys, "--budget", "20", "--group-size", "2")
+    main(["set-tenant", "--tenant", "acme", "--budget", "10", "--group-size", "3"])
+    assert "warning" not in capsys.readouterr().err
+    main(["set-tenant", "--tenant", "acme", "--budget", "30", "--group-size", "1"])
+    err = capsys.readouterr().err
+    assert "the budget is raised" in err
+    assert "the group size is lowered" in err

@@ -251,3 +251,29 @@ def test_a_refused_body_names_its_wrong_fields_in_the_message() -> None:
         sentdp.privatize("u", "2.5", ["A. B."])  # type: ignore[arg-type]
     assert str(invalid.value).endswith("(epsilon: Input should be a number)")
     assert invalid.value.details["detail"] == refused["detail"]
+
+
+@pytest.mark.parametrize(
+    ("detail", "where"),
+    [
+        ([{"loc": None, "msg": "m"}], " (: m)"),
+        ([{"loc": 3, "msg": "m"}], " (3: m)"),
+        ([{"loc": "user", "msg": "m"}], " (user: m)"),
+        ([{"loc": ["documents", 0], "msg": "x" * 500}], " (documents.0: " + "x" * 287 + ")"),
+        ("not a list", ""),
+        ([1, None], ""),
+    ],
+)
+def test_an_odd_detail_list_never_hides_the_error(detail: object, where: str) -> None:
+    """The message's field list is built from whatever the body holds; it never raises in
+    place of the server's error (a charged call's class says whether to retry)."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = {"code": "invalid_body", "message": "refused", "detail": detail}
+        return httpx.Response(400, json={"error": body})
+
+    transport = httpx.MockTransport(handler)
+    sentdp = Client("http://sentdp", "key", transport=transport)
+    with sentdp, pytest.raises(InvalidRequestError) as invalid:
+        sentdp.privatize("u", 1.0, ["A. B."])
+    assert invalid.value.message == "refused" + where

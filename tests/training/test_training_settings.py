@@ -10,7 +10,14 @@ from training.settings import load_settings
 
 @pytest.mark.parametrize(
     ("value", "device"),
-    [("auto", None), ("AUTO", None), ("", None), ("cpu", "cpu"), ("cuda:1", "cuda:1")],
+    [
+        ("auto", None),
+        ("AUTO", None),
+        ("", None),
+        ("cpu", "cpu"),
+        ("cuda:1", "cuda:1"),
+        (" CUDA ", "cuda"),
+    ],
 )
 def test_auto_names_no_device(
     monkeypatch: pytest.MonkeyPatch, value: str, device: str | None
