@@ -134,6 +134,12 @@ class Budget:
     group_size: int
     raw: dict[str, Any] = field(repr=False)
     """Every field the server sent (accountant, spend units, period...)."""
+    accounting: str = "pure"
+    """``pure`` or ``zcdp``: how the tenant counts spend."""
+    spend: float = 0.0
+    """What the accountant charged so far, in ``spend_unit`` (rho for zCDP tenants)."""
+    spend_limit: float = 0.0
+    spend_unit: str = "epsilon"
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Budget:
@@ -145,6 +151,10 @@ class Budget:
             remaining_epsilon=float(data["remaining_epsilon"]),
             group_size=int(data["group_size"]),
             raw=data,
+            accounting=str(data.get("accounting", "pure")),
+            spend=float(data.get("spend", 0.0)),
+            spend_limit=float(data.get("spend_limit", 0.0)),
+            spend_unit=str(data.get("spend_unit", "epsilon")),
         )
 
 

@@ -29,7 +29,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from service.ledger import LedgerMissingError, open_ledger
+from service.schemas import UserId
 from service.settings import load_settings
 from service.tenants import Tenant, TenantsFile, hash_key, new_key, write_private
 from service.views import budget_view
@@ -252,22 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         new_tenant_key(args, settings.tenants_file)
         return
     if args.command == "set-tenant":
-        limits = {
-            name: getattr(args, name) for name in NEW_TENANT if getattr(args, name) is not None
-        }
-        if not limits:
-            raise SystemExit(
-                "sentdp-admin: set-tenant needs --max-epsilon, --group-size or --budget"
-            )
-        before, tenant = set_limits(settings.tenants_file, args.tenant, limits)
-        for change in weakened(before, tenant):
-            print(
-                f"sentdp-admin: warning: {change}: releases already made in a user's current "
-                "period now count against looser limits, so the period's guarantee is weaker "
-                "than the old limits promised",
-                file=sys.stderr,
-            )
-        print(json.dumps({"tenant": tenant.id, **{n: getattr(tenant, n) for n in NEW_TENANT}}))
+        change_tenant(args, settings.tenants_file)
         return
     if args.command == "revoke-key":
         key = args.key_file.read_text().strip() if args.key_file else args.key
@@ -294,6 +282,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"recounted": True}))
         return
     assert known is not None
+    checked_user(args.user)
     if args.command == "new-period":
         account = ledger.new_period(args.tenant, args.user)
     else:  # as the tenant's next request will find it
@@ -307,6 +296,32 @@ WHERE_THE_SERVER_KEEPS_IT = (
     "SENTDP_TENANTS_FILE, or SENTDP_STATE_DIR for the SQLite ledger and tenants file; for the "
     "server of `bash .ci/serve`: SENTDP_STATE_DIR=.sentdp"
 )
+
+
+def change_tenant(args: argparse.Namespace, tenants_file: Path) -> None:
+    """``set-tenant``: change a tenant's limits, print them, warn where they weaken."""
+    limits = {name: getattr(args, name) for name in NEW_TENANT if getattr(args, name) is not None}
+    if not limits:
+        raise SystemExit("sentdp-admin: set-tenant needs --max-epsilon, --group-size or --budget")
+    before, tenant = set_limits(tenants_file, args.tenant, limits)
+    for change in weakened(before, tenant):
+        print(
+            f"sentdp-admin: warning: {change}: releases already made in a user's current "
+            "period now count against looser limits, so the period's guarantee is weaker "
+            "than the old limits promised",
+            file=sys.stderr,
+        )
+    print(json.dumps({"tenant": tenant.id, **{n: getattr(tenant, n) for n in NEW_TENANT}}))
+
+
+def checked_user(user: str) -> str:
+    """``user`` if the server accepts it as a user id: one it refuses names no account (it
+    would read as unspent)."""
+    try:
+        return TypeAdapter(UserId).validate_python(user)
+    except ValidationError as error:
+        reason = error.errors()[0]["msg"]
+        raise SystemExit(f"sentdp-admin: the server refuses that user id: {reason}") from None
 
 
 def new_tenant_key(args: argparse.Namespace, tenants_file: Path) -> None:

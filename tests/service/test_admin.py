@@ -232,3 +232,14 @@ def test_set_tenant_warns_when_a_change_weakens_the_current_period(
     err = capsys.readouterr().err
     assert "the budget is raised" in err
     assert "the group size is lowered" in err
+
+
+def test_budget_refuses_a_user_id_the_server_refuses(
+    tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It used to read such an id as an unspent account (no request can ever name it)."""
+    new_key("acme", capsys)
+    open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}").close()
+    for command in ("budget", "new-period"):
+        with pytest.raises(SystemExit, match=r"the server refuses that user id: .*two in a row"):
+            main([command, "--tenant", "acme", "--user", "bad  user"])

@@ -277,3 +277,21 @@ def test_an_odd_detail_list_never_hides_the_error(detail: object, where: str) ->
     with sentdp, pytest.raises(InvalidRequestError) as invalid:
         sentdp.privatize("u", 1.0, ["A. B."])
     assert invalid.value.message == "refused" + where
+
+
+def test_budget_carries_the_accountant_s_spend() -> None:
+    """A zCDP tenant's spend is in rho: the typed Budget carries it, not only ``raw``."""
+    answer = {
+        "user": "u", "spent_epsilon": 2.0, "limit": 10.0, "remaining": 8.0,
+        "remaining_epsilon": 8.0, "group_size": 1, "documents": 2, "period": 0,
+        "accounting": "zcdp", "spend": 0.25, "spend_limit": 1.5, "spend_unit": "rho",
+    }  # fmt: skip
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=answer)
+
+    with Client("http://sentdp", "key", transport=httpx.MockTransport(handler)) as sentdp:
+        budget = sentdp.budget("u")
+    assert (budget.accounting, budget.spend, budget.spend_limit, budget.spend_unit) == (
+        "zcdp", 0.25, 1.5, "rho",
+    )  # fmt: skip
