@@ -48,6 +48,16 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PROTECTED_PATHS = frozenset({"/privatize", "/classify", "/budget"})
 METRICS_PATH = "/metrics"
+INDEX = json.dumps(
+    {
+        "service": "sentdp",
+        "api": {path: "POST" for path in sorted(PROTECTED_PATHS)},
+        "openapi": "/docs.json",
+        "health": {"/livez": "GET", "/readyz": "GET"},
+    }
+).encode()
+"""What ``GET /`` answers: the framework's own page there loads a third-party tag manager into
+the browser of whoever opens it, which a privacy service should not do."""
 
 
 def json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
@@ -375,7 +385,13 @@ class GuardMiddleware:
 
     async def _uniform(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The app, its framework's error bodies in sentdp's shape (:class:`UniformErrors`;
-        not for HEAD, whose answers have no body)."""
+        not for HEAD, whose answers have no body); ``/`` answers :data:`INDEX` itself."""
+        if scope.get("path") == "/" and scope.get("method") in ("GET", "HEAD"):
+            start = {"type": "http.response.start", "status": 200, "headers": json_headers(INDEX)}
+            await send(start)
+            body = b"" if scope["method"] == "HEAD" else INDEX
+            await send({"type": "http.response.body", "body": body})
+            return
         if scope.get("method") == "HEAD":
             await self.app(scope, receive, send)
             return

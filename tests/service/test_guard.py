@@ -548,9 +548,15 @@ def test_bentoml_s_own_errors_say_whose_fault_they_are() -> None:
 
     with TestClient(guarded(Framework.to_asgi(), max_body_bytes=1024)) as http:
         assert http.post("/answer", json={"x": 1}).json() == {"n": 1}
+        index = http.get("/")  # BentoML's page there loads Google Tag Manager
+        head = http.head("/")
         refused = http.post("/answer", json={"x": "one"})
         broken = http.post("/answer", json={"x": -1})
         failed = http.post("/failing", json={"x": 1})
+    assert index.json()["openapi"] == "/docs.json"  # the guard's page, no third-party tag
+    assert "googletagmanager" not in index.text
+    assert (head.status_code, head.content) == (200, b"")
+    assert head.headers["content-length"] == str(len(index.content))
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "invalid_body"
     assert refused.json()["error"]["detail"][0]["loc"] == ["x"]
