@@ -76,6 +76,17 @@ STATUS: dict[Code, HTTPStatus] = {
 }
 """The HTTP status of each code: one code, one status, everywhere."""
 
+INPUT_MODEL_SUFFIX = "IODescriptor"
+"""BentoML names the pydantic model it builds from an endpoint's ``input_spec``
+``<spec>IODescriptor``."""
+
+
+def is_input_model(title: str) -> bool:
+    """A ValidationError of this model (its pydantic title) is a request body failing the
+    endpoint's input model, the caller's error; any other is the server's own."""
+    return title.endswith(INPUT_MODEL_SUFFIX)
+
+
 UNEXPECTED_FAILURE = (
     "the service failed while answering (logged); whatever this request charged stands "
     "(see /budget): retry only with the same Idempotency-Key"

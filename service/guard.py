@@ -32,7 +32,14 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from service.errors import STATUS, UNEXPECTED_FAILURE, Code, envelope
+from service.errors import (
+    INPUT_MODEL_SUFFIX,
+    STATUS,
+    UNEXPECTED_FAILURE,
+    Code,
+    envelope,
+    is_input_model,
+)
 from service.metrics import metric
 from service.scheduling import TenantChecks, TenantLoad, TurnRefusedError, in_turn
 from service.settings import REQUEST_OVERHEAD_BYTES
@@ -181,6 +188,8 @@ ROUTING_ERRORS = {
 HELD = frozenset({400, 404, 405, 500})
 """Statuses whose body :class:`UniformErrors` may rewrite."""
 VALIDATION_ERROR = re.compile(r"\d+ validation errors? for (\w+)")
+INTERNAL_BODY = json.dumps(envelope(Code.INTERNAL_ERROR, UNEXPECTED_FAILURE)).encode()
+"""What a 500 of the framework's becomes."""
 
 
 class UniformErrors:
@@ -242,14 +251,13 @@ def _uniform_body(status: int, body: bytes) -> tuple[int, bytes] | None:
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         return None  # sentdp's own
-    internal = 500, json.dumps(envelope(Code.INTERNAL_ERROR, UNEXPECTED_FAILURE)).encode()
     if status == 500:  # BentoML's JSON, or the web framework's plain text
-        return internal
+        return 500, INTERNAL_BODY
     if status == 400:
         if not (isinstance(data, dict) and isinstance(data.get("error"), str)):
             return None
         if not_the_input_model(data["error"]):
-            return internal
+            return 500, INTERNAL_BODY
         extra = {"detail": _without_urls(data["detail"])} if "detail" in data else {}
         message = body_error_message(data["error"])
         return status, json.dumps(envelope(Code.INVALID_BODY, message, **extra)).encode()
@@ -261,14 +269,14 @@ def not_the_input_model(message: str) -> bool:
     """BentoML's 400 message names a pydantic model other than the endpoint's input model:
     a ValidationError raised while answering, not while reading the body."""
     found = VALIDATION_ERROR.match(message)
-    return found is not None and not found.group(1).endswith("IODescriptor")
+    return found is not None and not is_input_model(found.group(1))
 
 
 def body_error_message(message: str) -> str:
     """BentoML's message for a body that fails validation, without the name of the class
     BentoML made for the endpoint ("1 validation error for PrivatizeRequestIODescriptor"),
     and in the plural where there are several ("3 validation error for ...")."""
-    message = re.sub(r"\bfor \w*IODescriptor\b", "in the request body", message)
+    message = re.sub(rf"\bfor \w*{INPUT_MODEL_SUFFIX}\b", "in the request body", message)
     return re.sub(r"^(\d+) validation error\b", _errors_counted, message)
 
 

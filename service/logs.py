@@ -16,6 +16,8 @@ import time
 import traceback
 from typing import Any
 
+from service.errors import is_input_model
+
 logger = logging.getLogger("sentdp.service")
 
 
@@ -91,7 +93,7 @@ def is_refused_request(record: logging.LogRecord) -> bool:
         return False
     error = record.exc_info[1]
     if isinstance(error, ValidationError):
-        return error.title.endswith("IODescriptor")
+        return is_input_model(error.title)
     status = getattr(getattr(error, "error_code", None), "value", None)
     return isinstance(status, int) and 400 <= status < 500
 
