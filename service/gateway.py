@@ -59,6 +59,7 @@ from service.worker_client import (
 )
 
 BOOT = boot_settings()
+logs.json_for_bentoml()  # in `bentoml serve`'s own process too, which imports this module
 
 
 @functools.cache

@@ -1,4 +1,8 @@
-"""The service's structured log: one JSON object per line on stderr, never request text.
+"""The service's structured log: one JSON object per line, never request text.
+
+sentdp's own events go to stderr. BentoML's lines (start-up, its access log, the errors its
+endpoint wrapper logs) keep BentoML's stream, stdout, in the same JSON form, with BentoML's
+component and trace ids as fields, so a log reader parses one format.
 
 Events carry ids, counts, codes and timings only (request id, tenant, endpoint, status,
 seconds). User ids, documents, sentences, embeddings and candidate ids are never logged: the
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 import traceback
@@ -21,8 +26,14 @@ from service.errors import is_input_model
 logger = logging.getLogger("sentdp.service")
 
 
+_TRACE = re.compile(r"trace=([0-9a-fA-F]+),span=([0-9a-fA-F]+)")
+"""The ids in the ``trace_msg`` BentoML's tracing filter gives a record."""
+
+
 class JsonFormatter(logging.Formatter):
-    """``{"time", "level", "logger", "event"|"message", ...fields, "exception"}`` per line."""
+    """``{"time", "level", "logger", "component", "event"|"message", ...fields, "exception",
+    "trace_id", "span_id"}`` per line (``component`` and the ids where BentoML's tracing
+    filter set them)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -31,6 +42,9 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
         }
+        component = getattr(record, "component", None)
+        if isinstance(component, str) and component.strip("[]"):
+            entry["component"] = component.strip("[]")
         fields = getattr(record, "sentdp_fields", None)
         if isinstance(fields, dict):
             entry.update(fields)
@@ -39,6 +53,9 @@ class JsonFormatter(logging.Formatter):
         exception = getattr(record, "sentdp_exception", None)
         if exception is not None:
             entry["exception"] = exception
+        trace = _TRACE.search(str(getattr(record, "trace_msg", "") or ""))
+        if trace is not None:
+            entry["trace_id"], entry["span_id"] = trace.groups()
         return json.dumps(entry, default=str)
 
 
@@ -130,20 +147,43 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
-def configure(level: int = logging.INFO) -> None:
-    """Give the service's logger its JSON handler, and redact exception messages on every
-    handler configured so far (BentoML's, uvicorn's, the root's). Idempotent."""
+def _handlers() -> list[logging.Handler]:
+    """Every handler configured so far: the root's and every named logger's."""
     handlers = list(logging.getLogger().handlers)
     for named in list(logging.root.manager.loggerDict.values()):
         if isinstance(named, logging.Logger):
             handlers.extend(named.handlers)
-    for handler in handlers:
+    return handlers
+
+
+def json_for_bentoml() -> None:
+    """Write BentoML's own lines as JSON: every handler that carries BentoML's tracing filter
+    (the handler its server processes and ``bentoml serve`` log through) gets
+    :class:`JsonFormatter`. Other handlers (a test runner's, an embedding application's)
+    are left as they are. Idempotent."""
+    from bentoml._internal.log import TraceRecordFilter
+
+    for handler in _handlers():
+        traced = any(isinstance(f, TraceRecordFilter) for f in handler.filters)
+        if traced and not isinstance(handler.formatter, JsonFormatter):
+            handler.setFormatter(JsonFormatter())
+
+
+def configure(level: int = logging.INFO) -> None:
+    """Give the service's logger its JSON handler, write BentoML's lines as JSON too, and
+    redact exception messages on every handler configured so far (BentoML's, uvicorn's, the
+    root's). Idempotent."""
+    for handler in _handlers():
         if _REDACT not in handler.filters:
             handler.addFilter(_REDACT)
+    json_for_bentoml()
     if any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
         return
+    from bentoml._internal.log import TraceRecordFilter
+
     handler = StderrHandler()
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(TraceRecordFilter())  # the component and trace ids BentoML's lines carry
     handler.addFilter(_REDACT)
     logger.addHandler(handler)
     logger.setLevel(level)

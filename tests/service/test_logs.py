@@ -4,6 +4,7 @@ and nothing else downgraded."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import sys
 
@@ -109,3 +110,72 @@ def test_every_other_failure_stays_an_error_with_its_stack_and_without_its_messa
     assert 'File "' in text  # the stack, frames only
     assert f"{type(error).__qualname__}: <message redacted>" in text
     assert SECRET not in text
+
+
+TRACE_ID, SPAN_ID = 0x0123456789ABCDEF0123456789ABCDEF, 0x0FEDCBA987654321
+
+
+@pytest.fixture
+def in_a_bentoml_request(monkeypatch: pytest.MonkeyPatch):
+    """A gateway process's component name and a request's trace span, as BentoML sets them."""
+    from bentoml._internal.context import server_context
+    from bentoml._internal.log import _component_name
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    monkeypatch.setattr(server_context, "service_type", "entry_service")
+    monkeypatch.setattr(server_context, "service_name", "sentdp")
+    monkeypatch.setattr(server_context, "worker_index", 1)
+    _component_name.cache_clear()
+    span = NonRecordingSpan(SpanContext(TRACE_ID, SPAN_ID, False, TraceFlags(1)))
+    with trace.use_span(span):
+        yield
+    _component_name.cache_clear()
+
+
+def test_bentoml_s_own_lines_become_json_and_other_handlers_are_left_alone(
+    in_a_bentoml_request: None,
+) -> None:
+    from bentoml._internal.log import DATE_FORMAT, TRACED_LOG_FORMAT, TraceRecordFilter
+
+    from service import logs
+
+    bentoml_stream, other_stream = io.StringIO(), io.StringIO()
+    bentoml_handler = logging.StreamHandler(bentoml_stream)  # as BentoML's server config makes it
+    bentoml_handler.addFilter(TraceRecordFilter())
+    bentoml_handler.setFormatter(logging.Formatter(TRACED_LOG_FORMAT, DATE_FORMAT))
+    other = logging.StreamHandler(other_stream)  # a test runner's, an embedding application's
+    other.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log = logging.getLogger("bentoml.access")
+    propagate, log.propagate = log.propagate, False
+    log.addHandler(bentoml_handler)
+    log.addHandler(other)
+    try:
+        logs.json_for_bentoml()
+        logs.json_for_bentoml()  # idempotent
+        log.warning("127.0.0.1:5 (scheme=http,method=POST,path=/privatize) (status=400) 1.2ms")
+    finally:
+        log.removeHandler(bentoml_handler)
+        log.removeHandler(other)
+        log.propagate = propagate
+    entry = json.loads(bentoml_stream.getvalue())
+    assert entry["level"] == "warning"
+    assert entry["logger"] == "bentoml.access"
+    assert entry["component"] == "entry_service:sentdp:1"
+    assert (entry["trace_id"], entry["span_id"]) == (f"{TRACE_ID:032x}", f"{SPAN_ID:016x}")
+    assert entry["message"].endswith("path=/privatize) (status=400) 1.2ms")
+    assert other_stream.getvalue().startswith("WARNING 127.0.0.1:5 (scheme=http")
+
+
+def test_sentdp_s_events_carry_the_trace_ids_of_bentoml_s_access_line(
+    in_a_bentoml_request: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service import logs
+
+    logs.configure()
+    logs.log_event("charged_request", status=200)
+    (line,) = capsys.readouterr().err.splitlines()
+    entry = json.loads(line)
+    assert (entry["event"], entry["status"]) == ("charged_request", 200)
+    assert entry["component"] == "entry_service:sentdp:1"
+    assert (entry["trace_id"], entry["span_id"]) == (f"{TRACE_ID:032x}", f"{SPAN_ID:016x}")
