@@ -51,6 +51,8 @@ class JsonFormatter(logging.Formatter):
         else:
             entry["message"] = getattr(record, "sentdp_message", None) or record.getMessage()
         exception = getattr(record, "sentdp_exception", None)
+        if exception is None and record.exc_info and record.exc_info[1] is not None:
+            exception = redacted_traceback(record.exc_info[1])  # a handler without the filter
         if exception is not None:
             entry["exception"] = exception
         trace = _TRACE.search(str(getattr(record, "trace_msg", "") or ""))
@@ -159,13 +161,16 @@ def _handlers() -> list[logging.Handler]:
 def json_for_bentoml() -> None:
     """Write BentoML's own lines as JSON: every handler that carries BentoML's tracing filter
     (the handler its server processes and ``bentoml serve`` log through) gets
-    :class:`JsonFormatter`. Other handlers (a test runner's, an embedding application's)
-    are left as they are. Idempotent."""
+    :class:`JsonFormatter` and the redaction of exception messages. Other handlers (a test
+    runner's, an embedding application's) are left as they are. Idempotent."""
     from bentoml._internal.log import TraceRecordFilter
 
     for handler in _handlers():
-        traced = any(isinstance(f, TraceRecordFilter) for f in handler.filters)
-        if traced and not isinstance(handler.formatter, JsonFormatter):
+        if not any(isinstance(f, TraceRecordFilter) for f in handler.filters):
+            continue
+        if _REDACT not in handler.filters:
+            handler.addFilter(_REDACT)
+        if not isinstance(handler.formatter, JsonFormatter):
             handler.setFormatter(JsonFormatter())
 
 

@@ -179,3 +179,46 @@ def test_sentdp_s_events_carry_the_trace_ids_of_bentoml_s_access_line(
     assert (entry["event"], entry["status"]) == ("charged_request", 200)
     assert entry["component"] == "entry_service:sentdp:1"
     assert (entry["trace_id"], entry["span_id"]) == (f"{TRACE_ID:032x}", f"{SPAN_ID:016x}")
+
+
+def test_an_exception_on_a_bentoml_handler_is_one_json_line_with_its_stack_not_its_message(
+    in_a_bentoml_request: None,
+) -> None:
+    """As in `bentoml serve`'s own process, where sentdp's configure() never runs."""
+    from bentoml._internal.log import TraceRecordFilter
+
+    from service import logs
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(TraceRecordFilter())
+    log = logging.getLogger("bentoml.serve")
+    propagate, log.propagate = log.propagate, False
+    log.addHandler(handler)
+    try:
+        logs.json_for_bentoml()
+        try:
+            raise RuntimeError(SECRET)
+        except RuntimeError:
+            log.exception("Serve failed")
+    finally:
+        log.removeHandler(handler)
+        log.propagate = propagate
+    (line,) = stream.getvalue().splitlines()
+    entry = json.loads(line)
+    assert (entry["level"], entry["message"]) == ("error", "Serve failed")
+    assert 'File "' in entry["exception"]
+    assert entry["exception"].endswith("builtins.RuntimeError: <message redacted>")
+    assert SECRET not in line
+
+
+def test_the_json_formatter_alone_never_writes_an_exception_s_message() -> None:
+    from service.logs import JsonFormatter
+
+    try:
+        raise ValueError(SECRET)
+    except ValueError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["exception"].endswith("builtins.ValueError: <message redacted>")
+    assert SECRET not in json.dumps(entry)
