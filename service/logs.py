@@ -13,6 +13,7 @@ process, since third-party messages quote request data.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -26,8 +27,21 @@ from service.errors import is_input_model
 logger = logging.getLogger("sentdp.service")
 
 
+UNFORMATTED = "<message could not be formatted>"
+"""What a record whose message and arguments do not fit together is logged as: Python's own
+fallback would print both, and its arguments may quote request data."""
+
 _TRACE = re.compile(r"trace=([0-9a-fA-F]+),span=([0-9a-fA-F]+)")
 """The ids in the ``trace_msg`` BentoML's tracing filter gives a record."""
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's message, or :data:`UNFORMATTED` when formatting it fails (a log call
+    must never raise, nor print its arguments)."""
+    try:
+        return record.getMessage()
+    except Exception:
+        return UNFORMATTED
 
 
 class JsonFormatter(logging.Formatter):
@@ -49,12 +63,14 @@ class JsonFormatter(logging.Formatter):
         if isinstance(fields, dict):
             entry.update(fields)
         else:
-            entry["message"] = getattr(record, "sentdp_message", None) or record.getMessage()
+            entry["message"] = getattr(record, "sentdp_message", None) or _message(record)
         exception = getattr(record, "sentdp_exception", None)
         if exception is None and record.exc_info and record.exc_info[1] is not None:
             exception = redacted_traceback(record.exc_info[1])  # a handler without the filter
         if exception is not None:
             entry["exception"] = exception
+        if record.stack_info:  # frames only, as a stack's
+            entry["stack"] = record.stack_info
         trace = _TRACE.search(str(getattr(record, "trace_msg", "") or ""))
         if trace is not None:
             entry["trace_id"], entry["span_id"] = trace.groups()
@@ -71,7 +87,7 @@ class RedactExceptionMessages(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and record.exc_info[1] is not None:
-            message = record.getMessage()
+            message = _message(record)
             if is_refused_request(record):
                 # BentoML logs a body that fails validation as an error with its stack; it
                 # is the caller's mistake, answered 4xx: one warning line, no stack
@@ -149,6 +165,21 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+def _trace_filter() -> logging.Filter:
+    """BentoML's tracing filter (component, trace and span ids), made unable to raise: a
+    filter's exception would reach the logging call, and a charged request's event is
+    logged after its charge is settled."""
+    from bentoml._internal.log import TraceRecordFilter
+
+    class Traced(TraceRecordFilter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            with contextlib.suppress(Exception):  # the line is worth more than its ids
+                super().filter(record)
+            return True
+
+    return Traced()
+
+
 def _handlers() -> list[logging.Handler]:
     """Every handler configured so far: the root's and every named logger's."""
     handlers = list(logging.getLogger().handlers)
@@ -165,6 +196,7 @@ def json_for_bentoml() -> None:
     runner's, an embedding application's) are left as they are. Idempotent."""
     from bentoml._internal.log import TraceRecordFilter
 
+    logging.raiseExceptions = False  # a failing handler must not print a record's arguments
     for handler in _handlers():
         if not any(isinstance(f, TraceRecordFilter) for f in handler.filters):
             continue
@@ -184,11 +216,9 @@ def configure(level: int = logging.INFO) -> None:
     json_for_bentoml()
     if any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
         return
-    from bentoml._internal.log import TraceRecordFilter
-
     handler = StderrHandler()
     handler.setFormatter(JsonFormatter())
-    handler.addFilter(TraceRecordFilter())  # the component and trace ids BentoML's lines carry
+    handler.addFilter(_trace_filter())  # the component and trace ids BentoML's lines carry
     handler.addFilter(_REDACT)
     logger.addHandler(handler)
     logger.setLevel(level)

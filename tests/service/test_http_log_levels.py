@@ -1,39 +1,91 @@
-"""The server's own log of a body the request schema refuses, as an operator reads it."""
+"""The server's own log as an operator reads it: one JSON object per line, BentoML's lines
+included, and a body the request schema refuses as one warning."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
-from tests.support import TENANTS, client, wait_for
+from tests.support import TENANTS, client, privatize, wait_for
 
 pytestmark = pytest.mark.server
 
 ACME = TENANTS[0]
 
 
+def entries(text: str) -> list[dict[str, Any]]:
+    """Every line of ``text`` as JSON; a line that is not fails with the line in view."""
+    parsed = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            parsed.append(json.loads(line))
+        except json.JSONDecodeError:
+            pytest.fail(f"a server log line is not JSON: {line[:300]!r}")
+    return parsed
+
+
+def test_the_start_up_line_of_bentoml_serve_s_own_process_is_json(server) -> None:
+    assert server.log is not None
+    started = [  # one per launch (a launch that lost its port is retried)
+        e
+        for e in entries(server.log.read_text(errors="replace"))
+        if e.get("message", "").startswith("Starting production HTTP BentoServer")
+    ]
+    assert started
+    assert all((e["level"], e["component"]) == ("info", "cli") for e in started)
+
+
 def test_a_body_the_schema_refuses_is_one_warning_line_in_the_server_log(server) -> None:
     assert server.log is not None
     start = len(server.log.read_bytes())  # the server is shared: only this test's lines
 
-    def lines() -> list[str]:
-        return server.log.read_bytes()[start:].decode(errors="replace").splitlines()
+    def logged() -> list[dict[str, Any]]:
+        return entries(server.log.read_bytes()[start:].decode(errors="replace"))
 
-    def refused() -> list[str]:
-        return [line for line in lines() if "refused as the caller's error" in line]
+    def refused() -> list[dict[str, Any]]:
+        return [e for e in logged() if "refused as the caller's error" in e.get("message", "")]
 
     with client(server, ACME.key) as http:
         response = http.post("/privatize", json={"epsilon": 1.0, "documents": [{"text": "A."}]})
     assert response.status_code == 400
     wait_for(lambda: bool(refused()), timeout=10)
-    wait_for(lambda: any("(status=400)" in line for line in lines()), timeout=10)
+    wait_for(lambda: any("(status=400)" in e.get("message", "") for e in logged()), timeout=10)
     (line,) = refused()
-    assert json.loads(line)["level"] == "warning"  # not BentoML's error: its filter ran first
-    # BentoML's lines (its access log, its endpoint wrapper's) are JSON like sentdp's own,
-    # and the access line carries the trace id a sentdp event of the request would
-    entries = [json.loads(text) for text in lines() if text.strip()]
-    (access,) = [e for e in entries if "(status=400)" in e.get("message", "")]
+    assert line["level"] == "warning"  # not BentoML's error: its filter ran first
+    (access,) = [e for e in logged() if "(status=400)" in e.get("message", "")]
     assert access["logger"] == "bentoml.access"
     assert access["component"].startswith("entry_service:sentdp:")
-    assert access["trace_id"] == json.loads(line)["trace_id"]
+    assert access["trace_id"] == line["trace_id"]
+
+
+def test_a_charged_request_s_event_joins_its_access_line_by_trace_id(server) -> None:
+    assert server.log is not None
+    start = len(server.log.read_bytes())
+
+    def logged() -> list[dict[str, Any]]:
+        return entries(server.log.read_bytes()[start:].decode(errors="replace"))
+
+    def events() -> list[dict[str, Any]]:
+        return [e for e in logged() if e.get("event") == "charged_request"]
+
+    def accesses() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in logged()
+            if e.get("logger") == "bentoml.access"
+            and "path=/privatize) (status=200)" in e.get("message", "")
+        ]
+
+    response = privatize(server, "log-join-user", epsilon=0.5)
+    assert response.status_code == 200, response.text
+    wait_for(lambda: bool(events()) and bool(accesses()), timeout=10)
+    (event,) = events()
+    (access,) = accesses()
+    assert event["status"] == 200
+    assert event["component"].startswith("entry_service:sentdp:")
+    assert event["trace_id"] == access["trace_id"]
+    assert "log-join-user" not in server.log.read_text(errors="replace")  # no user id logged

@@ -222,3 +222,86 @@ def test_the_json_formatter_alone_never_writes_an_exception_s_message() -> None:
     entry = json.loads(JsonFormatter().format(record))
     assert entry["exception"].endswith("builtins.ValueError: <message redacted>")
     assert SECRET not in json.dumps(entry)
+
+
+def traced_handler(stream: io.StringIO) -> logging.Handler:
+    """A handler as BentoML's server logging config makes it (its tracing filter, text)."""
+    from bentoml._internal.log import DATE_FORMAT, TRACED_LOG_FORMAT, TraceRecordFilter
+
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(TraceRecordFilter())
+    handler.setFormatter(logging.Formatter(TRACED_LOG_FORMAT, DATE_FORMAT))
+    return handler
+
+
+def test_bentoml_s_handlers_get_the_refused_body_rule_not_only_the_json_form(
+    in_a_bentoml_request: None,
+) -> None:
+    from service import logs
+
+    stream = io.StringIO()
+    handler = traced_handler(stream)
+    log = logging.getLogger(BENTOML)
+    propagate, log.propagate = log.propagate, False
+    log.addHandler(handler)
+    try:
+        logs.json_for_bentoml()
+        try:
+            raise invalid(PrivatizeRequestIODescriptor)
+        except ValidationError:
+            log.error(REQUEST_FAILED, "/privatize", "POST", exc_info=sys.exc_info())
+    finally:
+        log.removeHandler(handler)
+        log.propagate = propagate
+    (line,) = stream.getvalue().splitlines()
+    entry = json.loads(line)
+    assert entry["level"] == "warning"
+    assert "exception" not in entry
+    assert SECRET not in line
+
+
+def test_a_message_that_cannot_be_formatted_never_prints_its_arguments(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from service import logs
+
+    logs.configure()
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.JsonFormatter())
+    handler.addFilter(RedactExceptionMessages())
+    log = logging.getLogger("sentdp.test.unformatted")
+    propagate, log.propagate = log.propagate, False
+    log.addHandler(handler)
+    try:
+        log.warning("%d sentences", SECRET)  # a wrong argument: getMessage raises
+        try:
+            raise RuntimeError(SECRET)
+        except RuntimeError:
+            log.error("%d failed", SECRET, exc_info=True)  # the filter formats it first
+    finally:
+        log.removeHandler(handler)
+        log.propagate = propagate
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [entry["message"] for entry in lines] == [logs.UNFORMATTED, logs.UNFORMATTED]
+    assert lines[1]["exception"].endswith("builtins.RuntimeError: <message redacted>")
+    assert SECRET not in stream.getvalue() + capsys.readouterr().err
+
+
+def test_a_failing_trace_filter_never_loses_an_event(
+    in_a_bentoml_request: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bentoml._internal.log import TraceRecordFilter
+
+    from service import logs
+
+    def broken(self: object, record: logging.LogRecord) -> bool:
+        raise KeyError("trace_id")
+
+    logs.configure()
+    monkeypatch.setattr(TraceRecordFilter, "filter", broken)
+    logs.log_event("charged_request", status=200)  # must not raise
+    (line,) = capsys.readouterr().err.splitlines()
+    assert json.loads(line)["event"] == "charged_request"
