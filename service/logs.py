@@ -18,6 +18,7 @@ import json
 import logging
 import re
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -206,10 +207,32 @@ def json_for_bentoml() -> None:
             handler.setFormatter(JsonFormatter())
 
 
+def _uncaught(kind: type[BaseException], error: BaseException, stack: Any) -> None:
+    """``sys.excepthook``: an exception nothing caught, logged with its stack, not its message
+    (Python's own hook prints the message)."""
+    logger.critical("uncaught exception", exc_info=(kind, error, stack))
+
+
+def _uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    """``threading.excepthook``: as :func:`_uncaught`, for a thread (a SystemExit ends it
+    quietly, as Python's own hook does)."""
+    if args.exc_type is SystemExit or args.exc_value is None:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logger.error(
+        "uncaught exception in thread %s",
+        name,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+    )
+
+
 def configure(level: int = logging.INFO) -> None:
-    """Give the service's logger its JSON handler, write BentoML's lines as JSON too, and
-    redact exception messages on every handler configured so far (BentoML's, uvicorn's, the
-    root's). Idempotent."""
+    """Give the service's logger its JSON handler, write BentoML's lines as JSON too, redact
+    exception messages on every handler configured so far (BentoML's, uvicorn's, the
+    root's), and log uncaught exceptions (the process's and its threads') the same way.
+    Idempotent."""
+    sys.excepthook = _uncaught
+    threading.excepthook = _uncaught_in_thread
     for handler in _handlers():
         if _REDACT not in handler.filters:
             handler.addFilter(_REDACT)

@@ -305,3 +305,30 @@ def test_a_failing_trace_filter_never_loses_an_event(
     logs.log_event("charged_request", status=200)  # must not raise
     (line,) = capsys.readouterr().err.splitlines()
     assert json.loads(line)["event"] == "charged_request"
+
+
+def test_uncaught_exceptions_are_logged_with_their_stack_and_without_their_message() -> None:
+    """In a process of its own: the hooks are the process's (pytest wraps its own)."""
+    import subprocess
+
+    code = (
+        "import threading\n"
+        "from service import logs\n"
+        "logs.configure()\n"
+        f"def fail(): raise RuntimeError({SECRET!r})\n"
+        "thread = threading.Thread(target=fail, name='dispatcher')\n"
+        "thread.start(); thread.join()\n"
+        f"raise ValueError({SECRET!r})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 1
+    assert SECRET not in done.stdout + done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert [(e["level"], e["message"]) for e in lines] == [
+        ("error", "uncaught exception in thread dispatcher"),
+        ("critical", "uncaught exception"),
+    ]
+    assert lines[0]["exception"].endswith("builtins.RuntimeError: <message redacted>")
+    assert lines[1]["exception"].endswith("builtins.ValueError: <message redacted>")
