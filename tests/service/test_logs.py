@@ -3,10 +3,12 @@ and nothing else downgraded."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import sys
+from collections.abc import Iterator
 
 import pytest
 from pydantic import BaseModel, ValidationError
@@ -133,31 +135,43 @@ def in_a_bentoml_request(monkeypatch: pytest.MonkeyPatch):
     _component_name.cache_clear()
 
 
+@contextlib.contextmanager
+def only_through(name: str, *handlers: logging.Handler) -> Iterator[logging.Logger]:
+    """Logger ``name``, writing through ``handlers`` alone while the block runs."""
+    log = logging.getLogger(name)
+    propagate, log.propagate = log.propagate, False
+    for handler in handlers:
+        log.addHandler(handler)
+    try:
+        yield log
+    finally:
+        for handler in handlers:
+            log.removeHandler(handler)
+        log.propagate = propagate
+
+
+def traced_handler(stream: io.StringIO) -> logging.Handler:
+    """A handler as BentoML's server logging config makes it (its tracing filter, text)."""
+    from bentoml._internal.log import DATE_FORMAT, TRACED_LOG_FORMAT, TraceRecordFilter
+
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(TraceRecordFilter())
+    handler.setFormatter(logging.Formatter(TRACED_LOG_FORMAT, DATE_FORMAT))
+    return handler
+
+
 def test_bentoml_s_own_lines_become_json_and_other_handlers_are_left_alone(
     in_a_bentoml_request: None,
 ) -> None:
-    from bentoml._internal.log import DATE_FORMAT, TRACED_LOG_FORMAT, TraceRecordFilter
-
     from service import logs
 
     bentoml_stream, other_stream = io.StringIO(), io.StringIO()
-    bentoml_handler = logging.StreamHandler(bentoml_stream)  # as BentoML's server config makes it
-    bentoml_handler.addFilter(TraceRecordFilter())
-    bentoml_handler.setFormatter(logging.Formatter(TRACED_LOG_FORMAT, DATE_FORMAT))
     other = logging.StreamHandler(other_stream)  # a test runner's, an embedding application's
     other.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    log = logging.getLogger("bentoml.access")
-    propagate, log.propagate = log.propagate, False
-    log.addHandler(bentoml_handler)
-    log.addHandler(other)
-    try:
+    with only_through("bentoml.access", traced_handler(bentoml_stream), other) as log:
         logs.json_for_bentoml()
         logs.json_for_bentoml()  # idempotent
         log.warning("127.0.0.1:5 (scheme=http,method=POST,path=/privatize) (status=400) 1.2ms")
-    finally:
-        log.removeHandler(bentoml_handler)
-        log.removeHandler(other)
-        log.propagate = propagate
     entry = json.loads(bentoml_stream.getvalue())
     assert entry["level"] == "warning"
     assert entry["logger"] == "bentoml.access"
@@ -185,25 +199,15 @@ def test_an_exception_on_a_bentoml_handler_is_one_json_line_with_its_stack_not_i
     in_a_bentoml_request: None,
 ) -> None:
     """As in `bentoml serve`'s own process, where sentdp's configure() never runs."""
-    from bentoml._internal.log import TraceRecordFilter
-
     from service import logs
 
     stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.addFilter(TraceRecordFilter())
-    log = logging.getLogger("bentoml.serve")
-    propagate, log.propagate = log.propagate, False
-    log.addHandler(handler)
-    try:
+    with only_through("bentoml.serve", traced_handler(stream)) as log:
         logs.json_for_bentoml()
         try:
             raise RuntimeError(SECRET)
         except RuntimeError:
             log.exception("Serve failed")
-    finally:
-        log.removeHandler(handler)
-        log.propagate = propagate
     (line,) = stream.getvalue().splitlines()
     entry = json.loads(line)
     assert (entry["level"], entry["message"]) == ("error", "Serve failed")
@@ -224,35 +228,18 @@ def test_the_json_formatter_alone_never_writes_an_exception_s_message() -> None:
     assert SECRET not in json.dumps(entry)
 
 
-def traced_handler(stream: io.StringIO) -> logging.Handler:
-    """A handler as BentoML's server logging config makes it (its tracing filter, text)."""
-    from bentoml._internal.log import DATE_FORMAT, TRACED_LOG_FORMAT, TraceRecordFilter
-
-    handler = logging.StreamHandler(stream)
-    handler.addFilter(TraceRecordFilter())
-    handler.setFormatter(logging.Formatter(TRACED_LOG_FORMAT, DATE_FORMAT))
-    return handler
-
-
 def test_bentoml_s_handlers_get_the_refused_body_rule_not_only_the_json_form(
     in_a_bentoml_request: None,
 ) -> None:
     from service import logs
 
     stream = io.StringIO()
-    handler = traced_handler(stream)
-    log = logging.getLogger(BENTOML)
-    propagate, log.propagate = log.propagate, False
-    log.addHandler(handler)
-    try:
+    with only_through(BENTOML, traced_handler(stream)) as log:
         logs.json_for_bentoml()
         try:
             raise invalid(PrivatizeRequestIODescriptor)
         except ValidationError:
             log.error(REQUEST_FAILED, "/privatize", "POST", exc_info=sys.exc_info())
-    finally:
-        log.removeHandler(handler)
-        log.propagate = propagate
     (line,) = stream.getvalue().splitlines()
     entry = json.loads(line)
     assert entry["level"] == "warning"
@@ -270,18 +257,12 @@ def test_a_message_that_cannot_be_formatted_never_prints_its_arguments(
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logs.JsonFormatter())
     handler.addFilter(RedactExceptionMessages())
-    log = logging.getLogger("sentdp.test.unformatted")
-    propagate, log.propagate = log.propagate, False
-    log.addHandler(handler)
-    try:
+    with only_through("sentdp.test.unformatted", handler) as log:
         log.warning("%d sentences", SECRET)  # a wrong argument: getMessage raises
         try:
             raise RuntimeError(SECRET)
         except RuntimeError:
             log.error("%d failed", SECRET, exc_info=True)  # the filter formats it first
-    finally:
-        log.removeHandler(handler)
-        log.propagate = propagate
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [entry["message"] for entry in lines] == [logs.UNFORMATTED, logs.UNFORMATTED]
     assert lines[1]["exception"].endswith("builtins.RuntimeError: <message redacted>")
