@@ -115,8 +115,9 @@ def neighbour_pairs(sentences: int, classes: int) -> set[tuple[Entry, Entry]]:
 def graded_table(sentences: int, classes: int, epsilon: float) -> dict[Entry, float]:
     """The data-free program's rule at ``epsilon``: each entry's probability of releasing one
     class, the sampler's floor included."""
-    from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
+
+    from evaluation.vote_lp import solve_table_program
 
     lams = list(states(sentences, classes))
     keys = [entry for lam in lams for entry in entries(lam, classes)]
@@ -125,7 +126,7 @@ def graded_table(sentences: int, classes: int, epsilon: float) -> dict[Entry, fl
     rows = np.repeat(np.arange(len(pairs)), 2)
     cols = np.array([index[entry] for pair in pairs for entry in pair])
     values = np.tile([1.0, -math.exp(epsilon)], len(pairs))
-    upper = coo_matrix((values, (rows, cols)), shape=(len(pairs), len(keys))).tocsr()
+    upper = coo_matrix((values, (rows, cols)), shape=(len(pairs), len(keys)))
     equal_rows, equal_cols, equal_values = [], [], []
     for s, lam in enumerate(lams):
         for entry in entries(lam, classes):
@@ -137,19 +138,9 @@ def graded_table(sentences: int, classes: int, epsilon: float) -> dict[Entry, fl
     for lam in lams:
         if lam:
             objective[index[(lam, lam[0])]] = -1.0
-    solved = linprog(
-        objective,
-        A_ub=upper,
-        b_ub=np.zeros(len(pairs)),
-        A_eq=equal.tocsr(),
-        b_eq=np.ones(len(lams)),
-        bounds=(0.0, 1.0),
-        method="highs",
-    )
-    if solved.status != 0:
-        raise RuntimeError(f"the graded program for n={sentences} failed: {solved.message}")
+    solution = solve_table_program(objective, upper, equal, f"the graded program for n={sentences}")
     floor = GAMMA / classes
-    return {key: floor + (1 - GAMMA) * float(solved.x[j]) for key, j in index.items()}
+    return {key: floor + (1 - GAMMA) * float(solution[j]) for key, j in index.items()}
 
 
 def graded_units(logits: FloatArray, lo: float, hi: float) -> list[int]:

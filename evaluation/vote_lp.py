@@ -40,6 +40,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -82,7 +83,6 @@ def fit_rule(
 ) -> HardVoteRule:
     """The epsilon-SentDP rule of largest expected accuracy on ``documents`` (each its
     per-class vote counts, summing to ``sentences``, and its true class)."""
-    from scipy.optimize import linprog
     from scipy.sparse import lil_matrix
 
     variables = {key: j for j, key in enumerate(entries(sentences, classes))}
@@ -103,19 +103,30 @@ def fit_rule(
         if sum(counts) != sentences:
             raise ValueError(f"a document's votes sum to {sum(counts)}, not {sentences}")
         objective[variables[(histogram(counts), int(counts[truth]))]] -= 1.0
+    solution = solve_table_program(objective, upper, equal, f"the program for n={sentences}")
+    table = {key: float(solution[j]) for key, j in variables.items()}
+    return HardVoteRule(sentences, classes, epsilon, table)
+
+
+def solve_table_program(objective: FloatArray, upper: Any, equal: Any, what: str) -> FloatArray:
+    """The solution of a table's program: minimise ``objective . x`` subject to the ratio
+    constraints ``upper x <= 0``, one distribution per state ``equal x = 1`` (sparse
+    matrices) and ``0 <= x <= 1``; ``what`` names it in the error."""
+    from scipy.optimize import linprog
+
     solved = linprog(
         objective,
         A_ub=upper.tocsr(),
         b_ub=np.zeros(upper.shape[0]),
         A_eq=equal.tocsr(),
-        b_eq=np.ones(len(states)),
+        b_eq=np.ones(equal.shape[0]),
         bounds=(0.0, 1.0),
         method="highs",
     )
     if solved.status != 0:
-        raise RuntimeError(f"the program for n={sentences} failed: {solved.message}")
-    table = {key: float(solved.x[j]) for key, j in variables.items()}
-    return HardVoteRule(sentences, classes, epsilon, table)
+        raise RuntimeError(f"{what} failed: {solved.message}")
+    solution: FloatArray = solved.x
+    return solution
 
 
 def exponential_rule(sentences: int, classes: int, epsilon: float) -> HardVoteRule:
