@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sentdp.sampling import GAMMA
-from sentdp.vote_table import Partition, partitions
+from sentdp.vote_table import Partition, histogram, multiplicity, partitions
 
 FloatArray = npt.NDArray[np.float64]
 Entry = tuple[Partition, int]
@@ -55,11 +55,6 @@ def needed(units: Sequence[int]) -> int:
     return sum((u + 1) // 2 for u in units)
 
 
-def histogram(units: Sequence[int]) -> Partition:
-    """The partition of per-class units (non-zero, largest first)."""
-    return tuple(sorted((int(u) for u in units if u), reverse=True))
-
-
 def states(sentences: int, classes: int) -> Iterator[Partition]:
     """Every partition of class units that ``sentences`` graded votes can give."""
     for total in range(2 * sentences + 1):
@@ -73,11 +68,6 @@ def entries(lam: Partition, classes: int) -> list[Entry]:
     none)."""
     held = set(lam) | ({0} if len(lam) < classes else set())
     return [(lam, t) for t in sorted(held)]
-
-
-def multiplicity(entry: Entry, classes: int) -> int:
-    lam, t = entry
-    return lam.count(t) if t else classes - len(lam)
 
 
 def neighbour_pairs(sentences: int, classes: int) -> set[tuple[Entry, Entry]]:
