@@ -160,10 +160,12 @@ def compare(
     from evaluation.experiment import embedded_corpus
     from evaluation.tables import bundles
     from evaluation.vote_selection import split_documents
-    from sentdp.labels import hard_counts, tally_deviations, vote_probabilities
-    from sentdp.vote_table import hard_vote_table, makes_table
-    from training.p_selection import soft_macro_f1
     from training.settings import load_settings
+    from training.vote_tables import (
+        hard_table_probabilities,
+        scores_by_limit,
+        served_probabilities,
+    )
 
     bundle = next(iter(bundles([tag])))
     corpus, splits, _, embeddings = embedded_corpus(bundle, load_settings())
@@ -175,16 +177,9 @@ def compare(
         scores: dict[str, dict[str, list[float]]] = {}
         for split, (texts, vectors, truth) in splits_of.items():
             logits = [vote.logits(x, t) for x, t in zip(vectors, texts, strict=True)]
-            deviations = np.stack([tally_deviations(vote.votes_from_logits(x)) for x in logits])
-            own = vote_probabilities(deviations, epsilon, None)
-            rules: dict[str, list[FloatArray | None]] = {
-                "plain table": [
-                    hard_vote_table(len(x), r, epsilon).probabilities(hard_counts(x))
-                    if len(x) <= longest and makes_table(len(x), r, epsilon)
-                    else None
-                    for x in logits
-                ]
-            }
+            counts = [len(x) for x in logits]
+            own = served_probabilities(vote, logits, epsilon)
+            rules = {"plain table": hard_table_probabilities(vote, logits, epsilon, longest)}
             for lo, hi in GRADES:
                 rules[f"graded, lo {lo:g}, hi {hi:g}"] = [
                     table_probabilities(graded_table(len(x), r, epsilon), graded_units(x, lo, hi))
@@ -193,13 +188,7 @@ def compare(
                     for x in logits
                 ]
             for rule, tabled in rules.items():
-                by_limit = []
-                for limit in range(longest + 1):
-                    confusion = np.zeros((r, r))
-                    for y, x, served, table in zip(truth, logits, own, tabled, strict=True):
-                        use = table is not None and len(x) <= limit
-                        confusion[y] += table if use and table is not None else served
-                    by_limit.append(soft_macro_f1(confusion))
+                by_limit = scores_by_limit(truth, counts, own, tabled, r, longest)
                 scores.setdefault(rule, {})[split] = by_limit
         for rule, by_split in scores.items():
             chosen = int(np.argmax(by_split["validation"]))

@@ -31,18 +31,52 @@ def limit_scores(
     :data:`~sentdp.vote_table.LONGEST` (``scores[N]``), from the documents' :meth:`logits`
     (exact probabilities, as the service draws them: by the vote's own rule where no table
     is made for the epsilon)."""
+    return scores_by_limit(
+        truth,
+        [len(x) for x in logits],
+        served_probabilities(vote, logits, epsilon),
+        hard_table_probabilities(vote, logits, epsilon),
+        vote.classes,
+    )
+
+
+def served_probabilities(
+    vote: SentenceVote, logits: Sequence[FloatArray], epsilon: float
+) -> FloatArray:
+    """(documents, r) each document's probabilities under the vote's own rule."""
     counts = [len(x) for x in logits]
     deviations = np.stack([tally_deviations(vote.votes_from_logits(x)) for x in logits])
-    own = vote_probabilities(deviations, epsilon, counts if vote.by_count else None)
-    tabled = [
-        hard_vote_table(n, vote.classes, epsilon).probabilities(hard_counts(x))
-        if n <= LONGEST and makes_table(n, vote.classes, epsilon)
+    own: FloatArray = vote_probabilities(deviations, epsilon, counts if vote.by_count else None)
+    return own
+
+
+def hard_table_probabilities(
+    vote: SentenceVote, logits: Sequence[FloatArray], epsilon: float, longest: int = LONGEST
+) -> list[FloatArray | None]:
+    """Each document's probabilities under the hard-vote table for its sentence count, None
+    where it has more than ``longest`` sentences or no table is made."""
+    return [
+        hard_vote_table(len(x), vote.classes, epsilon).probabilities(hard_counts(x))
+        if len(x) <= longest and makes_table(len(x), vote.classes, epsilon)
         else None
-        for n, x in zip(counts, logits, strict=True)
+        for x in logits
     ]
+
+
+def scores_by_limit(
+    truth: Sequence[int],
+    counts: Sequence[int],
+    own: FloatArray,
+    tabled: Sequence[FloatArray | None],
+    classes: int,
+    longest: int = LONGEST,
+) -> list[float]:
+    """Expected macro-F1 with each limit N = 0 .. ``longest``: a document of at most N
+    sentences drawn by its ``tabled`` probabilities (where it has them), any other by its
+    row of ``own`` (documents, r)."""
     scores = []
-    for limit in range(LONGEST + 1):
-        confusion = np.zeros((vote.classes, vote.classes))
+    for limit in range(longest + 1):
+        confusion = np.zeros((classes, classes))
         for y, n, served, table in zip(truth, counts, own, tabled, strict=True):
             confusion[y] += table if table is not None and n <= limit else served
         scores.append(soft_macro_f1(confusion))
