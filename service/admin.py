@@ -238,14 +238,14 @@ def _set_limits(path: Path, tenant_id: str, limits: dict[str, Any]) -> tuple[Ten
     existing = {t.id: t for t in tenants.tenants}
     if tenant_id not in existing:
         raise SystemExit(f"sentdp-admin: no tenant {tenant_id!r} in {path}")
-    existing_before = existing[tenant_id]
+    before = existing[tenant_id]
     try:
-        updated = Tenant.model_validate(existing[tenant_id].model_dump() | limits)
+        updated = Tenant.model_validate(before.model_dump() | limits)
     except ValueError as error:
         raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None
     existing[tenant_id] = updated
     _write(path, TenantsFile(tenants=list(existing.values())))
-    return existing_before, updated
+    return before, updated
 
 
 def main(argv: list[str] | None = None) -> None:
