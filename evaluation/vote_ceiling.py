@@ -5,8 +5,9 @@ Three such unanimous votes are scored, per split and grid epsilon, by two rules 
 probabilities, the floor included): permute-and-flip alone, as the service draws a cube vote,
 and with the hard-vote table (:mod:`sentdp.vote_table`) for every document of at most
 :data:`~sentdp.vote_table.LONGEST` sentences, as the service draws a short document where the
-bundle's limit N allows (a unanimous document's hard votes are all for its class, so the
-table releases it near group privacy's bound, far more surely than permute-and-flip):
+bundle's limit N allows (a unanimous document's hard votes are all for its class, which the
+table releases more surely than permute-and-flip: on clothing reviews' test split at epsilon
+1, 0.696 against 0.569 for the true class):
 
 - **true class**: each sentence votes for its document's true class, the most any vote can
   do (a document of n sentences leads by n);
