@@ -91,6 +91,8 @@ LEDGER_THREADS = 8
 a reservation or a settlement; tenants take turns, and a tenant holds at most half of them.
 One for SQLite, which writes one transaction at a time: more threads only race for its lock,
 which its busy handler hands out in no order (``loadtests/ledger_fairness.py``)."""
+HOUSEKEEPING = ("sentdp", "housekeeping")
+"""The ledger executor's key for housekeeping calls: a tuple, so no tenant id (a string) is it."""
 READ_THREADS = 2
 """Threads for label lookups (free), each tenant one at a time."""
 READS_WAITING = 16
@@ -410,6 +412,15 @@ class Charging:
             ids = sorted(task.get_name() for task in left)
             log_event("charged_work_left_at_shutdown", logging.WARNING, request_ids=ids)
         return len(left)
+
+    async def housekeep(self) -> int:
+        """Purge expired idempotency rows if this process's minute has passed
+        (:meth:`~service.ledger.sql.SqlLedger.purge_due`), on the ledger's threads in a turn
+        of its own among the tenants' calls; how many went."""
+        purged: int = await asyncio.wrap_future(
+            self._ledger_calls.submit(HOUSEKEEPING, self.ledger.purge_due)
+        )
+        return purged
 
     # --- validate ------------------------------------------------------------------------
     def validate(self, request: ChargedRequest) -> Admission:

@@ -53,7 +53,8 @@ from service.ledger.types import (
 )
 
 PURGE_INTERVAL_SECONDS = 60.0
-"""How often one process purges expired idempotency rows (on its next reserve)."""
+"""How often one process purges expired idempotency rows (:meth:`SqlLedger.purge_due`: on its
+next reservation, or from the gateway's housekeeping timer, whichever comes first)."""
 PURGE_CHUNK_ROWS = 500
 """Expired idempotency rows one reservation deletes at most: a minute's worth at a high
 request rate (6,000 rows of 5 KB replies took 100 ms in one SQLite transaction, while every
@@ -266,12 +267,16 @@ class SqlLedger(abc.ABC):
         with self.transaction() as cur:
             return self._stored_bytes(cur, tenant)
 
-    def _purge_now_and_then(self, now: float) -> None:
-        """Once a minute, one chunk of expired rows; while chunks come back full, the next
-        reservation takes the next one."""
+    def purge_due(self, now: float | None = None) -> int:
+        """Once a minute (``now``: :func:`time.monotonic`), one chunk of expired idempotency
+        rows; how many went (0 when none was due). Each reservation calls it, and so does the
+        gateway's housekeeping timer, so stored replies leave the ledger after their window
+        even when no charged request comes. While chunks come back full, the next call takes
+        the next one. Never raises: it is housekeeping, and a request may ride on it."""
+        now = time.monotonic() if now is None else now
         with self._lock:
             if now - self._last_purge < PURGE_INTERVAL_SECONDS:
-                return
+                return 0
             self._last_purge = now
         try:
             deleted = self.purge_expired(limit=PURGE_CHUNK_ROWS)
@@ -280,10 +285,11 @@ class SqlLedger(abc.ABC):
                 "purging expired idempotency rows failed; the next purge retries",
                 exc_info=True,
             )
-            return
+            return 0
         if deleted >= PURGE_CHUNK_ROWS:  # more are left
             with self._lock:
                 self._last_purge = -math.inf
+        return deleted
 
     # --- the ledger's operations ---------------------------------------------------------
     def account(self, tenant: str, user: str, policy: Policy | None = None) -> Account:
@@ -312,7 +318,7 @@ class SqlLedger(abc.ABC):
         :class:`IdempotencyInFlightError` or :class:`IdempotencyMismatchError`; on any of them
         nothing is written.
         """
-        self._purge_now_and_then(time.monotonic())
+        self.purge_due(time.monotonic())
         params = {"t": tenant, "u": user}
         freed = 0
         with self.transaction() as cur:

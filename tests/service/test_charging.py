@@ -337,6 +337,31 @@ def test_a_vote_s_epsilon_must_clear_the_vote_s_own_slack(ledger: SqlLedger) -> 
     assert body["documents"][0]["label_mechanism"] == "sentence-vote"
 
 
+def test_housekeeping_purges_stored_replies_past_their_window_with_no_request(
+    ledger: SqlLedger,
+) -> None:
+    """A stored reply (an embedding, a user id) leaves the ledger after its 24 hours although
+    no charged request comes to trigger the purge: the gateway's timer calls housekeep, which
+    runs the purge on the ledger's threads and says how many rows went."""
+    from service.ledger import IDEMPOTENCY_TTL_SECONDS
+
+    flow = charging(ledger, FakeWorker(BUNDLE))
+    reply, _ = run(flow, request(idempotency_key="old"))
+    assert reply.status == 200
+    with ledger.transaction() as cur:
+        ledger._execute(
+            cur,
+            "UPDATE sentdp_idempotency SET created_at = created_at - :s",
+            {"s": IDEMPOTENCY_TTL_SECONDS + 60},
+        )
+    assert asyncio.run(flow.housekeep()) == 0  # the request's own reservation purged this minute
+    ledger._last_purge = -math.inf  # a minute later
+    assert asyncio.run(flow.housekeep()) == 1
+    with ledger.transaction() as cur:
+        assert ledger._execute(cur, "SELECT COUNT(*) FROM sentdp_idempotency").fetchone()[0] == 0
+    assert ledger.account("acme", "alice").spent_micro > 0  # the charge stays
+
+
 def test_an_unaffordable_request_is_refused_whole_with_the_figures(ledger: SqlLedger) -> None:
     flow = charging(ledger, FakeWorker(BUNDLE))
     assert run(flow, request(tenant=PAIRS, epsilon=4.0))[0].status == 200  # 2 * 4 = 8 of 10

@@ -383,6 +383,29 @@ def test_expired_keys_are_purged_a_chunk_per_reservation(
     assert keys() == ["fresh"]
 
 
+def test_a_purge_is_due_once_a_minute_without_any_reservation(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's housekeeping timer calls purge_due with no request to ride on: expired
+    rows go, fresh ones stay, at most once a minute, and at once again after a full chunk."""
+    import service.ledger.sql as sql
+
+    monkeypatch.setattr(sql, "PURGE_CHUNK_ROWS", 3)
+    for n in range(4):
+        reserve(ledger, f"user-{n}", idempotency=IdempotencyKey(f"k{n}", "h"))
+    age_pending_keys(ledger, IDEMPOTENCY_TTL_SECONDS + 120)
+    reserve(ledger, "user-4", idempotency=IdempotencyKey("fresh", "h"))  # purges nothing yet
+    ledger._last_purge = -math.inf  # its minute has passed
+    start = time.monotonic()
+    assert ledger.purge_due(start) == 3  # a full chunk: the next call need not wait
+    assert ledger.purge_due(start + 1) == 1
+    assert ledger.purge_due(start + 2) == 0  # not due for a minute
+    with ledger.transaction() as cur:
+        rows = ledger._execute(cur, "SELECT key FROM sentdp_idempotency").fetchall()
+    assert [row[0] for row in rows] == ["fresh"]
+    assert ledger.account("acme", "user-0").spent_micro == MICRO  # charges are kept
+
+
 def test_concurrent_threads_never_overspend(ledger: SqlLedger) -> None:
     policy = Policy(group_size=1, limit_micro=50 * MICRO)
 
