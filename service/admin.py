@@ -275,7 +275,10 @@ def main(argv: list[str] | None = None) -> None:
     except LedgerMissingError as missing:
         raise SystemExit(f"sentdp-admin: {missing} ({WHERE_THE_SERVER_KEEPS_IT})") from None
     if args.command == "purge":
-        print(json.dumps({"purged_idempotency_rows": ledger.purge_expired()}))
+        purged = ledger.purge_expired()
+        if purged:
+            ledger.scrub()  # the purged replies' bytes out of the files a backup copies
+        print(json.dumps({"purged_idempotency_rows": purged}))
         return
     if args.command == "recount-replies":
         ledger.recount_stored_replies()

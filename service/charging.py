@@ -414,11 +414,12 @@ class Charging:
         return len(left)
 
     async def housekeep(self) -> int:
-        """Purge expired idempotency rows if this process's minute has passed
-        (:meth:`~service.ledger.sql.SqlLedger.purge_due`), on the ledger's threads in a turn
-        of its own among the tenants' calls; how many went."""
+        """Purge expired idempotency rows if this process's minute has passed, and remove
+        purged rows' bytes from the ledger's files (:meth:`~service.ledger.sql.SqlLedger.
+        housekeep`), on the ledger's threads in a turn of its own among the tenants' calls;
+        how many rows went."""
         purged: int = await asyncio.wrap_future(
-            self._ledger_calls.submit(HOUSEKEEPING, self.ledger.purge_due)
+            self._ledger_calls.submit(HOUSEKEEPING, self.ledger.housekeep)
         )
         return purged
 

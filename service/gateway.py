@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from sentdp.bundle import Bundle
 from sentdp.encoders import TokenCounter
 from sentdp.text import TextLimits
-from service import logs
+from service import housekeeping, logs
 from service.charging import ChargedRequest, Charging, Reply
 from service.errors import ApiError, Code, classify_forms_error
 from service.guard import GuardMiddleware
@@ -75,10 +75,6 @@ def _registry() -> TenantRegistry:
 
 READY_PROBE_SECONDS = 2.0
 READY_CACHE_SECONDS = 1.0
-HOUSEKEEPING_SECONDS = 15.0
-"""How often a gateway process asks its ledger whether a purge is due (one a minute, see
-:data:`~service.ledger.sql.PURGE_INTERVAL_SECONDS`): expired rows then go within about 75 s
-of their window's end, with or without traffic."""
 SHUTDOWN_SETTLE_SECONDS = 20.0
 """How long a stopping gateway waits for reserved work whose request was cancelled (within
 a container runtime's usual grace period: Kubernetes gives 30 s)."""
@@ -208,25 +204,15 @@ class Gateway:
     async def _start_housekeeping(self) -> None:
         """Start the timer that purges expired idempotency rows (stored replies, with their
         embeddings and user ids) although no charged request comes to trigger it."""
-        self._housekeeping = asyncio.create_task(self._housekeep(), name="sentdp-housekeeping")
-
-    async def _housekeep(self) -> None:
-        while True:
-            try:
-                purged = await self.charging.housekeep()
-            except Exception:  # the purge logs its own failures; this is the executor's
-                logs.log_event("housekeeping_failed", logging.WARNING)
-                purged = 0
-            # a full chunk means more rows are due: the next one at once, else wait
-            await asyncio.sleep(0 if purged >= PURGE_CHUNK_ROWS else HOUSEKEEPING_SECONDS)
+        self._housekeeping = housekeeping.start(self.charging.housekeep, PURGE_CHUNK_ROWS)
 
     @bentoml.on_shutdown
     async def _settle_before_stopping(self) -> None:
         """Give reserved work still running (requests cancelled while the worker ran) time to
         settle before the process stops; what does not end in time stays reserved."""
-        housekeeping = getattr(self, "_housekeeping", None)
-        if housekeeping is not None:
-            housekeeping.cancel()
+        timer = getattr(self, "_housekeeping", None)
+        if timer is not None:
+            timer.cancel()
         await self.charging.drain(SHUTDOWN_SETTLE_SECONDS)
 
     async def __is_ready__(self) -> bool:

@@ -92,6 +92,7 @@ class SqlLedger(abc.ABC):
         self._connections: list[Any] = []
         self._lock = threading.Lock()
         self._last_purge = -math.inf
+        self._purged_unscrubbed = False
 
     # --- backend hooks -------------------------------------------------------------------
     @abc.abstractmethod
@@ -128,9 +129,10 @@ class SqlLedger(abc.ABC):
     def _sql(self, text: str) -> str:
         return text
 
-    def _scrub(self) -> None:
+    def scrub(self) -> None:
         """Remove deleted rows' bytes from the backend's files where it can (after a secret
-        is deleted); PostgreSQL keeps them in its WAL and backups until they expire."""
+        or expired replies are deleted); PostgreSQL keeps them in its WAL and backups until
+        they expire."""
         return None
 
     # --- plumbing ------------------------------------------------------------------------
@@ -236,7 +238,7 @@ class SqlLedger(abc.ABC):
         """Remove the version-1 secret from the database once it lives in the secret file."""
         with self.transaction() as cur:
             self._execute(cur, "DELETE FROM sentdp_meta WHERE key = 'hmac_secret'")
-        self._scrub()
+        self.scrub()
 
     def purge_expired(self, now: float | None = None, limit: int | None = None) -> int:
         """Delete idempotency rows older than their window, the oldest ``limit`` of them
@@ -286,9 +288,29 @@ class SqlLedger(abc.ABC):
                 exc_info=True,
             )
             return 0
-        if deleted >= PURGE_CHUNK_ROWS:  # more are left
-            with self._lock:
+        with self._lock:
+            if deleted >= PURGE_CHUNK_ROWS:  # more are left
                 self._last_purge = -math.inf
+            if deleted:
+                self._purged_unscrubbed = True
+        return deleted
+
+    def housekeep(self) -> int:
+        """The gateway timer's call: :meth:`purge_due`, then, if any purge of this process
+        deleted rows since the last time, :meth:`scrub` (on SQLite a checkpoint that
+        truncates the WAL, so a purged reply's bytes, overwritten by ``secure_delete``, are
+        gone from the files a backup copies). Reservations only purge: a checkpoint waits
+        for other connections' reads. Never raises; how many rows went."""
+        deleted = self.purge_due()
+        with self._lock:
+            due, self._purged_unscrubbed = self._purged_unscrubbed, False
+        if due:
+            try:
+                self.scrub()
+            except Exception:  # housekeeping: the next purge that deletes rows tries again
+                logging.getLogger("sentdp.service").warning(
+                    "removing purged rows' bytes from the ledger's files failed", exc_info=True
+                )
         return deleted
 
     # --- the ledger's operations ---------------------------------------------------------

@@ -123,7 +123,7 @@ class SqliteLedger(SqlLedger):
                     raise
                 time.sleep(0.02)
 
-    def _scrub(self) -> None:
+    def scrub(self) -> None:
         """Copy the WAL into the database file and truncate it: with ``secure_delete`` the
         deleted row's bytes are overwritten in the database file and gone from the WAL. The
         checkpoint waits up to ``busy_timeout`` for other connections' reads to end; if one
@@ -132,7 +132,7 @@ class SqliteLedger(SqlLedger):
         if busy:
             logging.getLogger("sentdp.service").warning(
                 "the ledger's write-ahead log could not be truncated (another connection kept "
-                "reading); a deleted secret may stay in %s-wal until SQLite reuses it",
+                "reading); deleted rows may stay in %s-wal until SQLite reuses it",
                 self.path,
             )
 

@@ -35,10 +35,12 @@ def test_the_ceiling_script_prints_a_row_per_split_and_epsilon(
     monkeypatch.setattr(sys, "argv", ["vote_ceiling", quick_bundle_tag])
     vote_ceiling.main()
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[1].startswith("| split | ε | true class |")
+    assert lines[1].startswith("| split | ε | true class: flip / table |")
     rows = [line.split(" | ") for line in lines[3:]]
     assert len(rows) == 2 * len(DEFAULT_EPSILONS)
     assert [row[0] for row in rows] == ["| validation"] * len(DEFAULT_EPSILONS) + ["| test"] * len(
         DEFAULT_EPSILONS
     )
-    assert all(0.0 <= float(row[2]) <= 1.0 for row in rows)
+    for row in rows:  # "flip / table" for the true class, each a probability
+        flip, table = (float(v) for v in row[2].split(" / "))
+        assert 0.0 <= flip <= table + 1e-9 <= 1.0 + 1e-9

@@ -81,6 +81,33 @@ def test_purge_reports_what_it_deleted(
     assert json.loads(capsys.readouterr().out) == {"purged_idempotency_rows": 0}
 
 
+def test_purge_leaves_no_byte_of_a_purged_reply_in_the_sqlite_files(
+    tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sentdp.accounting import MICRO, Charge, Policy
+    from service.ledger import IDEMPOTENCY_TTL_SECONDS, IdempotencyKey, Reservation
+
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    key = IdempotencyKey("k", "h")
+    reserved = ledger.reserve(
+        "acme", "u", Charge("deepcandidate", MICRO, 1), Policy(1, MICRO), "r", key
+    )
+    assert isinstance(reserved, Reservation)
+    ledger.settle("acme", "u", reserved.charge_ids, [], key, '"REPLY-MARKER' + "x" * 2000 + '"')
+    with ledger.transaction() as cur:
+        ledger._execute(
+            cur,
+            "UPDATE sentdp_idempotency SET created_at = created_at - :s",
+            {"s": IDEMPOTENCY_TTL_SECONDS + 60},
+        )
+    ledger.scrub()  # the reply is in the database file
+    ledger.close()
+    assert any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    main(["purge"])
+    assert json.loads(capsys.readouterr().out) == {"purged_idempotency_rows": 1}
+    assert not any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+
+
 def test_budget_names_what_is_missing_instead_of_reporting_nothing_spent(
     tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

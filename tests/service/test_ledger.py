@@ -406,6 +406,27 @@ def test_a_purge_is_due_once_a_minute_without_any_reservation(
     assert ledger.account("acme", "user-0").spent_micro == MICRO  # charges are kept
 
 
+def test_the_timer_s_purge_leaves_no_byte_of_a_purged_reply_in_the_sqlite_files(
+    tmp_path: Path,
+) -> None:
+    """A backup that copies the ledger's files after the purge holds no expired reply: the
+    timer's housekeep checkpoints and truncates the WAL after deleting rows, and
+    secure_delete has zeroed them (without the checkpoint the reply stayed in the file)."""
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    key = IdempotencyKey("expired", "h")
+    first = reserve(ledger, idempotency=key)
+    ledger.settle("acme", "alice", first.charge_ids, [], key, '{"e": "REPLY-MARKER' + "x" * 2000)
+    age_pending_keys(ledger, IDEMPOTENCY_TTL_SECONDS + 60)
+    ledger.scrub()  # the reply is in the database file, as an older backup would hold it
+    files = sorted(tmp_path.glob("ledger.sqlite3*"))
+    assert any(b"REPLY-MARKER" in f.read_bytes() for f in files)
+    ledger._last_purge = -math.inf
+    assert ledger.housekeep() == 1
+    assert not any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    assert ledger.housekeep() == 0  # not due again for a minute
+    ledger.close()
+
+
 def test_concurrent_threads_never_overspend(ledger: SqlLedger) -> None:
     policy = Policy(group_size=1, limit_micro=50 * MICRO)
 
