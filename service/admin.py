@@ -276,8 +276,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"sentdp-admin: {missing} ({WHERE_THE_SERVER_KEEPS_IT})") from None
     if args.command == "purge":
         purged = ledger.purge_expired()
-        if purged:
-            ledger.scrub()  # the purged replies' bytes out of the files a backup copies
+        if purged and not ledger.scrub():  # their bytes out of the files a backup copies
+            print(
+                "sentdp-admin: another connection kept reading, so the purged rows' bytes may "
+                "stay in the SQLite write-ahead log until a server's timer or SQLite clears it",
+                file=sys.stderr,
+            )
         print(json.dumps({"purged_idempotency_rows": purged}))
         return
     if args.command == "recount-replies":

@@ -55,6 +55,10 @@ from service.ledger.types import (
 PURGE_INTERVAL_SECONDS = 60.0
 """How often one process purges expired idempotency rows (:meth:`SqlLedger.purge_due`: on its
 next reservation, or from the gateway's housekeeping timer, whichever comes first)."""
+SCRUB_WAIT_SECONDS = 0.1
+"""How long the housekeeping timer's checkpoint waits for other connections' reads (new
+writers of every process wait with it): a long read, such as a backup, makes it give up
+and try again at the next call instead of holding every reservation back."""
 PURGE_CHUNK_ROWS = 500
 """Expired idempotency rows one reservation deletes at most: a minute's worth at a high
 request rate (6,000 rows of 5 KB replies took 100 ms in one SQLite transaction, while every
@@ -129,11 +133,12 @@ class SqlLedger(abc.ABC):
     def _sql(self, text: str) -> str:
         return text
 
-    def scrub(self) -> None:
+    def scrub(self, wait: float | None = None) -> bool:
         """Remove deleted rows' bytes from the backend's files where it can (after a secret
-        or expired replies are deleted); PostgreSQL keeps them in its WAL and backups until
-        they expire."""
-        return None
+        or expired replies are deleted), waiting up to ``wait`` seconds for other
+        connections; False if it could not. PostgreSQL keeps them in its WAL and backups
+        until they expire: nothing to do here."""
+        return True
 
     # --- plumbing ------------------------------------------------------------------------
     def _connection(self) -> Any:
@@ -238,7 +243,11 @@ class SqlLedger(abc.ABC):
         """Remove the version-1 secret from the database once it lives in the secret file."""
         with self.transaction() as cur:
             self._execute(cur, "DELETE FROM sentdp_meta WHERE key = 'hmac_secret'")
-        self.scrub()
+        if not self.scrub():
+            logging.getLogger("sentdp.service").warning(
+                "the ledger's write-ahead log could not be truncated (another connection kept "
+                "reading); the deleted secret may stay in its WAL until SQLite reuses it"
+            )
 
     def purge_expired(self, now: float | None = None, limit: int | None = None) -> int:
         """Delete idempotency rows older than their window, the oldest ``limit`` of them
@@ -297,20 +306,26 @@ class SqlLedger(abc.ABC):
 
     def housekeep(self) -> int:
         """The gateway timer's call: :meth:`purge_due`, then, if any purge of this process
-        deleted rows since the last time, :meth:`scrub` (on SQLite a checkpoint that
+        deleted rows since the last scrub, :meth:`scrub` (on SQLite a checkpoint that
         truncates the WAL, so a purged reply's bytes, overwritten by ``secure_delete``, are
-        gone from the files a backup copies). Reservations only purge: a checkpoint waits
-        for other connections' reads. Never raises; how many rows went."""
+        gone from the files a backup copies). It waits at most :data:`SCRUB_WAIT_SECONDS`
+        for other connections' reads (new writers wait meanwhile) and otherwise tries again
+        at the next call. Reservations only purge. Never raises; how many rows went."""
         deleted = self.purge_due()
         with self._lock:
             due, self._purged_unscrubbed = self._purged_unscrubbed, False
-        if due:
-            try:
-                self.scrub()
-            except Exception:  # housekeeping: the next purge that deletes rows tries again
-                logging.getLogger("sentdp.service").warning(
-                    "removing purged rows' bytes from the ledger's files failed", exc_info=True
-                )
+        if not due:
+            return deleted
+        try:
+            scrubbed = self.scrub(SCRUB_WAIT_SECONDS)
+        except Exception:  # housekeeping: the next call tries again
+            logging.getLogger("sentdp.service").warning(
+                "removing purged rows' bytes from the ledger's files failed", exc_info=True
+            )
+            scrubbed = False
+        if not scrubbed:
+            with self._lock:
+                self._purged_unscrubbed = True
         return deleted
 
     # --- the ledger's operations ---------------------------------------------------------

@@ -123,18 +123,22 @@ class SqliteLedger(SqlLedger):
                     raise
                 time.sleep(0.02)
 
-    def scrub(self) -> None:
+    def scrub(self, wait: float | None = None) -> bool:
         """Copy the WAL into the database file and truncate it: with ``secure_delete`` the
-        deleted row's bytes are overwritten in the database file and gone from the WAL. The
-        checkpoint waits up to ``busy_timeout`` for other connections' reads to end; if one
-        still reads, the WAL is left to SQLite's own checkpoints, and that is logged."""
-        busy = self._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
-        if busy:
-            logging.getLogger("sentdp.service").warning(
-                "the ledger's write-ahead log could not be truncated (another connection kept "
-                "reading); deleted rows may stay in %s-wal until SQLite reuses it",
-                self.path,
-            )
+        deleted rows' bytes are overwritten in the database file and gone from the WAL. The
+        checkpoint waits up to ``wait`` seconds (``busy_timeout`` by default) for other
+        connections' reads to end, and new writers of every process wait while it does; if
+        one still reads, it gives up (False) and the WAL is left to SQLite's own checkpoints
+        until the next scrub."""
+        conn = self._connection()
+        if wait is not None:
+            conn.execute(f"PRAGMA busy_timeout={int(wait * 1000)}")
+        try:
+            busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        finally:
+            if wait is not None:
+                conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        return not busy
 
     def _columns(self, cur: Any, table: str) -> set[str]:
         return {str(row[1]) for row in cur.execute(f"PRAGMA table_info({table})").fetchall()}

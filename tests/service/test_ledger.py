@@ -427,6 +427,34 @@ def test_the_timer_s_purge_leaves_no_byte_of_a_purged_reply_in_the_sqlite_files(
     ledger.close()
 
 
+def test_a_long_read_makes_the_timer_s_checkpoint_give_up_and_try_again(tmp_path: Path) -> None:
+    """The checkpoint holds new writers back while it waits for readers, so it waits at most
+    SCRUB_WAIT_SECONDS for a long read (a backup), and scrubs at the next call instead."""
+    import sqlite3
+
+    from service.ledger.sql import SCRUB_WAIT_SECONDS
+
+    path = tmp_path / "ledger.sqlite3"
+    ledger = open_ledger(f"sqlite:///{path}")
+    key = IdempotencyKey("expired", "h")
+    first = reserve(ledger, idempotency=key)
+    ledger.settle("acme", "alice", first.charge_ids, [], key, '{"e": "REPLY-MARKER' + "x" * 2000)
+    age_pending_keys(ledger, IDEMPOTENCY_TTL_SECONDS + 60)
+    reader = sqlite3.connect(path, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM sentdp_idempotency").fetchone()  # holds a snapshot
+    ledger._last_purge = -math.inf
+    started = time.monotonic()
+    assert ledger.housekeep() == 1
+    assert time.monotonic() - started < SCRUB_WAIT_SECONDS + 2.0  # not busy_timeout's 30 s
+    reserve(ledger, "bob")  # writers go on
+    reader.execute("COMMIT")
+    reader.close()
+    assert ledger.housekeep() == 0  # no purge due, but the scrub it owes runs now
+    assert not any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    ledger.close()
+
+
 def test_concurrent_threads_never_overspend(ledger: SqlLedger) -> None:
     policy = Policy(group_size=1, limit_micro=50 * MICRO)
 
