@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from service.ledger import LedgerMissingError, open_ledger
+from service.ledger.sql import SCRUB_WAIT_SECONDS
 from service.schemas import UserId
 from service.settings import load_settings
 from service.tenants import Tenant, TenantsFile, hash_key, new_key, write_private
@@ -276,7 +277,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"sentdp-admin: {missing} ({WHERE_THE_SERVER_KEEPS_IT})") from None
     if args.command == "purge":
         purged = ledger.purge_expired()
-        if purged and not ledger.scrub():  # their bytes out of the files a backup copies
+        # their bytes out of the files a backup copies, holding writers back 0.1 s at most
+        if purged and not ledger.scrub(SCRUB_WAIT_SECONDS):
             print(
                 "sentdp-admin: another connection kept reading, so the purged rows' bytes may "
                 "stay in the SQLite write-ahead log until a server's timer or SQLite clears it",

@@ -3,8 +3,9 @@ embeddings and user ids) leave the ledger on time whether or not charged request
 
 Reservations purge too (:meth:`~service.ledger.sql.SqlLedger.purge_due`), but only a
 process that receives them; this timer asks the ledger every :data:`HOUSEKEEPING_SECONDS`
-whether its minute's purge is due, and after a purge that deleted rows removes their bytes
-from the ledger's files (:meth:`~service.ledger.sql.SqlLedger.housekeep`).
+whether its minute's purge is due, and once stored replies have been deleted removes their
+bytes from the ledger's files, at most once a minute
+(:meth:`~service.ledger.sql.SqlLedger.housekeep`).
 """
 
 from __future__ import annotations

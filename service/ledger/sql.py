@@ -97,6 +97,8 @@ class SqlLedger(abc.ABC):
         self._lock = threading.Lock()
         self._last_purge = -math.inf
         self._purged_unscrubbed = False
+        self._last_scrub = -math.inf
+        self._scrub_failures = 0
 
     # --- backend hooks -------------------------------------------------------------------
     @abc.abstractmethod
@@ -305,27 +307,44 @@ class SqlLedger(abc.ABC):
         return deleted
 
     def housekeep(self) -> int:
-        """The gateway timer's call: :meth:`purge_due`, then, if any purge of this process
-        deleted rows since the last scrub, :meth:`scrub` (on SQLite a checkpoint that
-        truncates the WAL, so a purged reply's bytes, overwritten by ``secure_delete``, are
-        gone from the files a backup copies). It waits at most :data:`SCRUB_WAIT_SECONDS`
-        for other connections' reads (new writers wait meanwhile) and otherwise tries again
-        at the next call. Reservations only purge. Never raises; how many rows went."""
+        """The gateway timer's call: :meth:`purge_due`, then, if rows of stored replies were
+        deleted since the last scrub (by a purge, or by a reservation taking over an expired
+        key) and no full chunk is waiting, :meth:`scrub` (on SQLite a checkpoint that
+        truncates the WAL, so a deleted reply's bytes, overwritten by ``secure_delete``, are
+        gone from the files a backup copies). At most one scrub a minute; it waits at most
+        :data:`SCRUB_WAIT_SECONDS` for other connections' reads (new writers wait meanwhile)
+        and otherwise tries again a minute later, with a warning from the third failure in
+        a row. Reservations only purge. Never raises; how many rows went."""
         deleted = self.purge_due()
+        now = time.monotonic()
         with self._lock:
-            due, self._purged_unscrubbed = self._purged_unscrubbed, False
-        if not due:
-            return deleted
+            if (
+                not self._purged_unscrubbed
+                or deleted >= PURGE_CHUNK_ROWS  # the next chunk comes at once: scrub after it
+                or now - self._last_scrub < PURGE_INTERVAL_SECONDS
+            ):
+                return deleted
+            self._purged_unscrubbed, self._last_scrub = False, now
         try:
             scrubbed = self.scrub(SCRUB_WAIT_SECONDS)
-        except Exception:  # housekeeping: the next call tries again
+        except Exception:  # housekeeping: a minute later it tries again
             logging.getLogger("sentdp.service").warning(
                 "removing purged rows' bytes from the ledger's files failed", exc_info=True
             )
             scrubbed = False
-        if not scrubbed:
-            with self._lock:
-                self._purged_unscrubbed = True
+        with self._lock:
+            if scrubbed:
+                self._scrub_failures = 0
+                return deleted
+            self._purged_unscrubbed = True
+            self._scrub_failures += 1
+            failures = self._scrub_failures
+        if failures >= 3:
+            logging.getLogger("sentdp.service").warning(
+                "the ledger's write-ahead log could not be truncated %d times in a row (another "
+                "connection keeps reading): purged replies may stay in its files until it can",
+                failures,
+            )
         return deleted
 
     # --- the ledger's operations ---------------------------------------------------------
@@ -389,6 +408,9 @@ class SqlLedger(abc.ABC):
                 ids.append(int(inserted[0]))
             if freed:  # last, as in a settlement: the tenant's counter is locked after the user
                 self._execute(cur, _COUNT_STORED, {"t": tenant, "b": -freed})
+        if freed:  # an expired key's reply went: its bytes are for the next scrub
+            with self._lock:
+                self._purged_unscrubbed = True
         return Reservation(ids, account)
 
     def _claim_key(

@@ -427,6 +427,44 @@ def test_the_timer_s_purge_leaves_no_byte_of_a_purged_reply_in_the_sqlite_files(
     ledger.close()
 
 
+def test_a_scrub_waits_for_the_last_full_chunk_and_for_its_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While full chunks come back the timer purges on at once without a checkpoint each
+    time (every one holds writers back); the rows' bytes go with the last chunk's scrub, and
+    a key taken over after its window owes a scrub too."""
+    import service.ledger.sql as sql
+
+    monkeypatch.setattr(sql, "PURGE_CHUNK_ROWS", 2)
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    scrubs: list[float | None] = []
+    real = ledger.scrub
+    monkeypatch.setattr(ledger, "scrub", lambda wait=None: scrubs.append(wait) or real(wait))
+    for n in range(3):
+        key = IdempotencyKey(f"k{n}", "h")
+        done = reserve(ledger, f"user-{n}", idempotency=key)
+        ledger.settle("acme", f"user-{n}", done.charge_ids, [], key, '"REPLY-MARKER"')
+    age_pending_keys(ledger, IDEMPOTENCY_TTL_SECONDS + 60)
+    ledger._last_purge = -math.inf
+    assert ledger.housekeep() == 2  # a full chunk: no scrub yet
+    assert scrubs == []
+    assert ledger.housekeep() == 1
+    assert scrubs == [sql.SCRUB_WAIT_SECONDS]
+    assert not any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    key = IdempotencyKey("again", "h")
+    done = reserve(ledger, "user-9", idempotency=key)
+    ledger.settle("acme", "user-9", done.charge_ids, [], key, '"REPLY-MARKER"')
+    age_pending_keys(ledger, IDEMPOTENCY_TTL_SECONDS + 60)
+    ledger.settle("acme", "user-9", reserve(ledger, "user-9", idempotency=key).charge_ids, [])
+    assert ledger.housekeep() == 0  # the key was taken over, not purged: a scrub is owed
+    assert len(scrubs) == 1  # but not within the minute of the last one
+    ledger._last_scrub = -math.inf
+    assert ledger.housekeep() == 0
+    assert len(scrubs) == 2
+    assert not any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    ledger.close()
+
+
 def test_a_long_read_makes_the_timer_s_checkpoint_give_up_and_try_again(tmp_path: Path) -> None:
     """The checkpoint holds new writers back while it waits for readers, so it waits at most
     SCRUB_WAIT_SECONDS for a long read (a backup), and scrubs at the next call instead."""
@@ -450,6 +488,9 @@ def test_a_long_read_makes_the_timer_s_checkpoint_give_up_and_try_again(tmp_path
     reserve(ledger, "bob")  # writers go on
     reader.execute("COMMIT")
     reader.close()
+    assert ledger.housekeep() == 0  # the scrub it owes waits for its minute
+    assert any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    ledger._last_scrub = -math.inf  # a minute later
     assert ledger.housekeep() == 0  # no purge due, but the scrub it owes runs now
     assert not any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
     ledger.close()
