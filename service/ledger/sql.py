@@ -58,7 +58,7 @@ next reservation, or from the gateway's housekeeping timer, whichever comes firs
 SCRUB_WAIT_SECONDS = 0.1
 """How long the housekeeping timer's checkpoint waits for other connections' reads (new
 writers of every process wait with it): a long read, such as a backup, makes it give up
-and try again at the next call instead of holding every reservation back."""
+and try again a minute later instead of holding every reservation back."""
 PURGE_CHUNK_ROWS = 500
 """Expired idempotency rows one reservation deletes at most: a minute's worth at a high
 request rate (6,000 rows of 5 KB replies took 100 ms in one SQLite transaction, while every
