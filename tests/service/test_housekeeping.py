@@ -7,10 +7,19 @@ import asyncio
 import itertools
 import logging
 import time
+import traceback
 
 import pytest
 
 from service import housekeeping
+
+
+def logged_stack(record: logging.LogRecord) -> str:
+    """The stack a record carries: as ``exc_info``, or folded into its message by sentdp's
+    redaction filter (installed once a test has configured the service's logging)."""
+    if record.exc_info is not None:
+        return "".join(traceback.format_exception(*record.exc_info))
+    return record.getMessage()
 
 
 def test_the_timer_survives_a_failure_and_takes_a_full_chunk_at_once(
@@ -41,11 +50,12 @@ def test_the_timer_survives_a_failure_and_takes_a_full_chunk_at_once(
     assert gaps[1] < 0.1  # after a full chunk (5 of 5) more rows are due: at once
     assert gaps[2] >= 0.2  # after a partial chunk: the next turn
     (failure,) = [r for r in caplog.records if "housekeeping failed" in r.getMessage()]
-    assert failure.exc_info is not None
-    assert "database is locked" in str(failure.exc_info[1])
+    assert "RuntimeError" in logged_stack(failure)
 
 
-def test_a_timer_that_stops_on_its_own_is_logged_as_an_error() -> None:
+def test_a_timer_that_stops_on_its_own_is_logged_as_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def run() -> asyncio.Task[None]:
         async def fails() -> None:
             raise ValueError("a bug")
@@ -55,16 +65,8 @@ def test_a_timer_that_stops_on_its_own_is_logged_as_an_error() -> None:
         return task
 
     task = asyncio.run(run())
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("sentdp.service")
-    logger.addHandler(handler)
-    try:
+    with caplog.at_level(logging.ERROR, logger="sentdp.service"):
         housekeeping.ended(task)
-    finally:
-        logger.removeHandler(handler)
-    (record,) = records
+    (record,) = [r for r in caplog.records if "housekeeping stopped" in r.getMessage()]
     assert record.levelno == logging.ERROR
-    assert record.exc_info is not None
-    assert isinstance(record.exc_info[1], ValueError)
+    assert "ValueError" in logged_stack(record)
