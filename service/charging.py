@@ -91,6 +91,11 @@ LEDGER_THREADS = 8
 a reservation or a settlement; tenants take turns, and a tenant holds at most half of them.
 One for SQLite, which writes one transaction at a time: more threads only race for its lock,
 which its busy handler hands out in no order (``loadtests/ledger_fairness.py``)."""
+SETTLE_ATTEMPTS = 2
+SETTLE_RETRY_SECONDS = 0.5
+"""A settlement that fails is tried once more after this long: a transient failure (a
+PostgreSQL restart, a lock held past the busy timeout) then still completes the key, so a
+retry of the request replays its reply instead of paying again."""
 HOUSEKEEPING = ("sentdp", "housekeeping")
 """The ledger executor's key for housekeeping calls: a tuple, so no tenant id (a string) is it."""
 READ_THREADS = 2
@@ -664,28 +669,41 @@ class Charging:
         refund: list[int],
         stored: Reply | None,
     ) -> bool:
-        """Settle in the ledger; False (logged) when the ledger failed: the charges then stay
-        ``reserved``, which still counts them (an over-charge, never an under-charge)."""
-        try:
-            await self._ledger(
-                "settle",
-                request,
-                self.ledger.settle,
-                request.tenant.id,
-                request.user,
-                final,
-                refund,
-                admission.key,
-                stored.body if stored else None,
-                stored.status if stored else 200,
-                request.request_id,
-                self._kept_replies(),
-                must_run=True,
-            )
-        except Exception:
-            logger.exception("ledger settle failed (request %s)", request.request_id)
-            return False
-        return True
+        """Settle in the ledger, a second time :data:`SETTLE_RETRY_SECONDS` after a failure
+        (the ledger replaces a connection it lost); False (logged) when both failed: the
+        charges then stay ``reserved``, which still counts them (an over-charge, never an
+        under-charge). Settling twice is safe: only charges still ``reserved`` move, and a
+        reply is stored only on a key still pending."""
+        for attempt in range(1, SETTLE_ATTEMPTS + 1):
+            try:
+                await self._ledger(
+                    "settle",
+                    request,
+                    self.ledger.settle,
+                    request.tenant.id,
+                    request.user,
+                    final,
+                    refund,
+                    admission.key,
+                    stored.body if stored else None,
+                    stored.status if stored else 200,
+                    request.request_id,
+                    self._kept_replies(),
+                    must_run=True,
+                )
+            except Exception:
+                if attempt == SETTLE_ATTEMPTS:
+                    logger.exception("ledger settle failed (request %s)", request.request_id)
+                    return False
+                logger.warning(
+                    "ledger settle failed; trying again (request %s)",
+                    request.request_id,
+                    exc_info=True,
+                )
+                await asyncio.sleep(SETTLE_RETRY_SECONDS)
+                continue
+            return True
+        return False
 
     def _kept_replies(self) -> StoredReplies | None:
         """The bound on a tenant's stored replies, and the stand-in kept past it."""

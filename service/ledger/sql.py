@@ -536,10 +536,12 @@ class SqlLedger(abc.ABC):
         params = {"t": tenant, "u": user, "k": key, "rid": request_id}
         if response is not None:
             size = len(response.encode())
+            # Only a pending key takes a reply: a settlement tried again after its first
+            # attempt committed (its answer lost) must not count the reply's bytes twice.
             stored = self._execute(
                 cur,
                 "UPDATE sentdp_idempotency SET state = 'done', response = :r, status = :s, "  # noqa: S608 (constants)
-                "response_bytes = :b " + _OWNED_KEY,
+                "response_bytes = :b " + _OWNED_KEY + " AND state = 'pending'",
                 params | {"r": response, "s": status, "b": size},
             ).rowcount
             if stored > 0:

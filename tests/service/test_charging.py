@@ -720,6 +720,55 @@ def test_a_ledger_that_fails_on_settle_keeps_the_charge_counted(
     assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
 
 
+def test_a_settlement_that_fails_once_is_tried_again_and_a_retry_replays(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transient ledger failure at settlement (a lost connection) no longer leaves the key
+    pending: the second attempt completes it, so the client's retry replays, unpaid."""
+    monkeypatch.setattr(charging_module, "SETTLE_RETRY_SECONDS", 0.01)
+    real = ledger.settle
+    failures = [RuntimeError("connection lost")]
+
+    def once(*args: object) -> object:
+        if failures:
+            raise failures.pop()
+        return real(*args)
+
+    flow = charging(ledger, FakeWorker(BUNDLE))
+    monkeypatch.setattr(ledger, "settle", once)
+    reply, body = run(flow, request(idempotency_key="k-transient"))
+    assert reply.status == 200
+    assert states(ledger) == ["final"]
+    again, again_body = run(flow, request(idempotency_key="k-transient"))
+    assert again.replayed
+    assert again_body == body
+    assert ledger.account("acme", "alice").spent_micro == 2 * MICRO  # paid once
+
+
+def test_a_settlement_whose_answer_was_lost_is_not_counted_twice(
+    ledger: SqlLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first attempt committed but its answer was lost: the second moves nothing more,
+    and the stored reply's bytes are counted once."""
+    monkeypatch.setattr(charging_module, "SETTLE_RETRY_SECONDS", 0.01)
+    real = ledger.settle
+    lost = [RuntimeError("connection lost after COMMIT")]
+
+    def committed_then_lost(*args: object) -> object:
+        account = real(*args)
+        if lost:
+            raise lost.pop()
+        return account
+
+    flow = charging(ledger, FakeWorker(BUNDLE))
+    monkeypatch.setattr(ledger, "settle", committed_then_lost)
+    reply, _ = run(flow, request(idempotency_key="k-lost"))
+    assert reply.status == 200
+    assert states(ledger) == ["final"]
+    assert ledger.stored_reply_bytes("acme") == len(reply.body.encode())
+    assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
+
+
 def test_the_log_holds_no_request_text(
     ledger: SqlLedger, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -496,6 +496,20 @@ def test_a_long_read_makes_the_timer_s_checkpoint_give_up_and_try_again(tmp_path
     ledger.close()
 
 
+def test_settling_twice_moves_nothing_more_and_counts_a_reply_once(ledger: SqlLedger) -> None:
+    """The gateway tries a failed settlement again; if the first attempt had committed, the
+    second must change nothing: no charge moves again and the reply's bytes count once."""
+    key = IdempotencyKey("k", "h")
+    first = reserve(ledger, idempotency=key)
+    for _ in range(2):
+        ledger.settle("acme", "alice", first.charge_ids, [], key, "r" * 100, 200, "req")
+    assert [c["state"] for c in ledger.charges()] == ["final"]
+    assert ledger.stored_reply_bytes("acme") == 100
+    assert ledger.reserve("acme", "alice", ONE, POLICY, "req", key) == Replay("r" * 100)
+    assert ledger.account("acme", "alice").spent_micro == MICRO
+    assert_invariant(ledger)
+
+
 def test_concurrent_threads_never_overspend(ledger: SqlLedger) -> None:
     policy = Policy(group_size=1, limit_micro=50 * MICRO)
 
