@@ -96,6 +96,11 @@ SETTLE_RETRY_SECONDS = 0.5
 """A settlement that fails is tried once more after this long: a transient failure (a
 PostgreSQL restart, a lock held past the busy timeout) then still completes the key, so a
 retry of the request replays its reply instead of paying again."""
+SETTLE_RETRY_LOCK_SECONDS = 5.0
+"""How long the second attempt waits for a row lock (PostgreSQL): after a network drop the
+first attempt's server session may live on, holding the user's rows, until TCP keepalive
+ends it; the second attempt then gives up instead of holding a ledger thread and the
+tenant's load that long."""
 HOUSEKEEPING = ("sentdp", "housekeeping")
 """The ledger executor's key for housekeeping calls: a tuple, so no tenant id (a string) is it."""
 READ_THREADS = 2
@@ -689,6 +694,7 @@ class Charging:
                     stored.status if stored else 200,
                     request.request_id,
                     self._kept_replies(),
+                    None if attempt == 1 else SETTLE_RETRY_LOCK_SECONDS,
                     must_run=True,
                 )
             except Exception:

@@ -75,6 +75,9 @@ class PostgresLedger(SqlLedger):
     def _lock_clause(self) -> str:
         return " FOR UPDATE"
 
+    def _bound_lock_waits(self, cur: Any, seconds: float) -> None:
+        cur.execute(f"SET LOCAL lock_timeout = {max(1, int(seconds * 1000))}")  # milliseconds
+
     def _database_now(self, cur: Any) -> float | None:
         cur.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())")
         return float(cur.fetchone()[0])

@@ -113,6 +113,11 @@ class SqlLedger(abc.ABC):
     def _lock_clause(self) -> str:
         return ""
 
+    def _bound_lock_waits(self, cur: Any, seconds: float) -> None:
+        """Make this transaction's row-lock waits give up after ``seconds`` (PostgreSQL);
+        SQLite's writers wait out their busy timeout in any case."""
+        return None
+
     def _database_now(self, cur: Any) -> float | None:
         """The database server's clock (Unix seconds), or None to use this process's."""
         return None
@@ -468,6 +473,7 @@ class SqlLedger(abc.ABC):
         status: int = 200,
         request_id: str | None = None,
         kept: StoredReplies | None = None,
+        lock_timeout: float | None = None,
     ) -> Account:
         """Finalise and refund charges, and store or release the idempotency key, atomically.
 
@@ -477,8 +483,13 @@ class SqlLedger(abc.ABC):
         this request still owns is touched (another request may have taken it over). With
         ``kept``, a reply that would take the tenant's stored replies past ``kept.limit``
         bytes is stored as ``kept.instead`` (the key stays done: a retry never pays twice).
+        With ``lock_timeout``, waiting for a row lock longer than that raises (PostgreSQL:
+        a second attempt must not wait for a first one's session that outlived its
+        connection).
         """
         with self.transaction() as cur:
+            if lock_timeout is not None:
+                self._bound_lock_waits(cur, lock_timeout)
             now = self._now(cur)
             # Rows are locked in the order a reservation locks them (the key, the account,
             # then document rows), or a refund and a reservation of the same user could each

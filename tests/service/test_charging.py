@@ -734,10 +734,19 @@ def test_a_settlement_that_fails_once_is_tried_again_and_a_retry_replays(
             raise failures.pop()
         return real(*args)
 
+    calls: list[tuple[object, ...]] = []
+    recorded = once
+
+    def once_recorded(*args: object) -> object:
+        calls.append(args)
+        return recorded(*args)
+
     flow = charging(ledger, FakeWorker(BUNDLE))
-    monkeypatch.setattr(ledger, "settle", once)
+    monkeypatch.setattr(ledger, "settle", once_recorded)
     reply, body = run(flow, request(idempotency_key="k-transient"))
     assert reply.status == 200
+    # the second attempt bounds its lock waits; the first waits as any settlement does
+    assert [c[-1] for c in calls] == [None, charging_module.SETTLE_RETRY_LOCK_SECONDS]
     assert states(ledger) == ["final"]
     again, again_body = run(flow, request(idempotency_key="k-transient"))
     assert again.replayed

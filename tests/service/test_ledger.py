@@ -510,6 +510,45 @@ def test_settling_twice_moves_nothing_more_and_counts_a_reply_once(ledger: SqlLe
     assert_invariant(ledger)
 
 
+def test_a_settlement_with_a_lock_timeout_gives_up_on_a_held_row(
+    ledger_url: tuple[str, str],
+) -> None:
+    """The gateway's second attempt at a settlement bounds its lock waits: a first attempt's
+    session that outlived its connection (holding the user's rows) makes it give up, not
+    wait for hours; without the bound it waits, and it settles once the rows are free."""
+    import threading
+
+    url, schema = ledger_url
+    if not url.startswith("postgresql"):
+        pytest.skip("PostgreSQL only: SQLite's writers wait out their busy timeout")
+    ledger, holder = open_ledger(url, schema), open_ledger(url, schema)
+    first = reserve(ledger)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with holder.transaction() as cur:
+            holder._execute(cur, "SELECT 1 FROM sentdp_accounts WHERE tenant = 'acme' FOR UPDATE")
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert held.wait(10)
+        started = time.monotonic()
+        with pytest.raises(Exception, match="lock"):
+            ledger.settle("acme", "alice", first.charge_ids, [], lock_timeout=0.2)
+        assert time.monotonic() - started < 5
+        assert [c["state"] for c in ledger.charges()] == ["reserved"]  # still counted
+    finally:
+        release.set()
+        thread.join()
+    ledger.settle("acme", "alice", first.charge_ids, [], lock_timeout=0.2)
+    assert [c["state"] for c in ledger.charges()] == ["final"]
+    ledger.close()
+    holder.close()
+
+
 def test_concurrent_threads_never_overspend(ledger: SqlLedger) -> None:
     policy = Policy(group_size=1, limit_micro=50 * MICRO)
 
