@@ -272,6 +272,24 @@ def ledger_of(server: Server) -> SqlLedger:
     return open_ledger(server.env["SENTDP_LEDGER_URL"])
 
 
+def age_pending_keys(ledger: SqlLedger, seconds: float, key: str | None = None) -> None:
+    """Make every idempotency key (or only ``key``) ``seconds`` older (instead of sleeping
+    past a short timeout, which a loaded machine can overrun between two later steps)."""
+    only = "" if key is None else " WHERE key = :k"
+    with ledger.transaction() as cur:
+        ledger._execute(
+            cur,
+            "UPDATE sentdp_idempotency SET created_at = created_at - :s" + only,
+            {"s": seconds, "k": key},
+        )
+
+
+def ledger_files_hold(folder: Path, marker: bytes) -> bool:
+    """Whether any of an SQLite ledger's files in ``folder`` (the database, its WAL and
+    shared memory) holds ``marker``: what a backup copying them would hold."""
+    return any(marker in f.read_bytes() for f in folder.glob("ledger.sqlite3*"))
+
+
 def error_of(response: httpx.Response) -> dict[str, Any]:
     """The error object of an error response (which holds nothing else)."""
     body = response.json()

@@ -12,6 +12,7 @@ import pytest
 from service.admin import main
 from service.ledger import open_ledger
 from service.tenants import TenantRegistry, TenantSource
+from tests.support import age_pending_keys, ledger_files_hold
 
 
 @pytest.fixture
@@ -94,18 +95,13 @@ def test_purge_leaves_no_byte_of_a_purged_reply_in_the_sqlite_files(
     )
     assert isinstance(reserved, Reservation)
     ledger.settle("acme", "u", reserved.charge_ids, [], key, '"REPLY-MARKER' + "x" * 2000 + '"')
-    with ledger.transaction() as cur:
-        ledger._execute(
-            cur,
-            "UPDATE sentdp_idempotency SET created_at = created_at - :s",
-            {"s": IDEMPOTENCY_TTL_SECONDS + 60},
-        )
+    age_pending_keys(ledger, IDEMPOTENCY_TTL_SECONDS + 60)
     ledger.scrub()  # the reply is in the database file
     ledger.close()
-    assert any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    assert ledger_files_hold(tmp_path, b"REPLY-MARKER")
     main(["purge"])
     assert json.loads(capsys.readouterr().out) == {"purged_idempotency_rows": 1}
-    assert not any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    assert not ledger_files_hold(tmp_path, b"REPLY-MARKER")
 
 
 def test_budget_names_what_is_missing_instead_of_reporting_nothing_spent(

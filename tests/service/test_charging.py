@@ -29,7 +29,7 @@ from service.tenants import Tenant
 from service.validation import Limits
 from service.views import label_of
 from tests.service.fakes import DIM, FakeWorker, embed, tiny_bundle
-from tests.support import Concurrency, logged_events, wait_for
+from tests.support import Concurrency, age_pending_keys, logged_events, wait_for
 
 BUNDLE = tiny_bundle()
 VERSION = "sentdp-unit:v1"
@@ -348,12 +348,7 @@ def test_housekeeping_purges_stored_replies_past_their_window_with_no_request(
     flow = charging(ledger, FakeWorker(BUNDLE))
     reply, _ = run(flow, request(idempotency_key="old"))
     assert reply.status == 200
-    with ledger.transaction() as cur:
-        ledger._execute(
-            cur,
-            "UPDATE sentdp_idempotency SET created_at = created_at - :s",
-            {"s": IDEMPOTENCY_TTL_SECONDS + 60},
-        )
+    age_pending_keys(ledger, IDEMPOTENCY_TTL_SECONDS + 60)
     assert asyncio.run(flow.housekeep()) == 0  # the request's own reservation purged this minute
     ledger._last_purge = -math.inf  # a minute later
     assert asyncio.run(flow.housekeep()) == 1
@@ -1438,7 +1433,6 @@ def test_an_abandoned_reservations_refund_leaves_a_key_another_request_took_over
     """Request A's reservation ends after A was cancelled, so it is refunded; meanwhile B
     took A's abandoned key over and stored its reply. The refund moves A's charge only: B's
     reply still replays, and B's work is not run or charged again."""
-    from tests.service.test_ledger import age_pending_keys
 
     worker = FakeWorker(BUNDLE)
     flow = charging(ledger, worker)

@@ -9,7 +9,7 @@ import pytest
 
 from sentdp.accounting import MICRO, Charge, Policy
 from service.ledger import IDEMPOTENCY_TTL_SECONDS, IdempotencyKey, Reservation, open_ledger
-from tests.support import Server, wait_for, write_tenants
+from tests.support import Server, age_pending_keys, wait_for, write_tenants
 
 pytestmark = pytest.mark.server
 
@@ -36,12 +36,7 @@ def test_a_server_with_no_traffic_purges_replies_past_their_window(
         )
         assert isinstance(reserved, Reservation)
         ledger.settle("acme", "alice", reserved.charge_ids, [], key, '{"k": 1}')
-    with ledger.transaction() as cur:
-        ledger._execute(
-            cur,
-            "UPDATE sentdp_idempotency SET created_at = created_at - :s WHERE key = 'expired'",
-            {"s": IDEMPOTENCY_TTL_SECONDS + 60},
-        )
+    age_pending_keys(ledger, IDEMPOTENCY_TTL_SECONDS + 60, key="expired")
     ledger.close()
     assert stored_keys(url) == ["expired", "fresh"]
     env = {

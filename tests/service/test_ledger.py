@@ -23,6 +23,7 @@ from service.ledger import (
     StoredReplies,
     open_ledger,
 )
+from tests.support import age_pending_keys, ledger_files_hold
 
 ONE = Charge("deepcandidate", MICRO, 1)
 POLICY = Policy(group_size=2, limit_micro=10 * MICRO)  # admits five charges of epsilon 1
@@ -168,15 +169,6 @@ def test_a_refused_or_refunded_request_leaves_its_key_free(ledger: SqlLedger) ->
     assert ledger.account("acme", "alice").spent_micro == 0
     second = reserve(ledger, idempotency=key)
     assert second.account.spent_micro == MICRO
-
-
-def age_pending_keys(ledger: SqlLedger, seconds: float) -> None:
-    """Make every idempotency key ``seconds`` older (instead of sleeping past a short
-    timeout, which a loaded machine can overrun between two later steps)."""
-    with ledger.transaction() as cur:
-        ledger._execute(
-            cur, "UPDATE sentdp_idempotency SET created_at = created_at - :s", {"s": seconds}
-        )
 
 
 def test_abandoned_pending_keys_are_processed_as_new_requests(ledger_url: tuple[str, str]) -> None:
@@ -418,11 +410,10 @@ def test_the_timer_s_purge_leaves_no_byte_of_a_purged_reply_in_the_sqlite_files(
     ledger.settle("acme", "alice", first.charge_ids, [], key, '{"e": "REPLY-MARKER' + "x" * 2000)
     age_pending_keys(ledger, IDEMPOTENCY_TTL_SECONDS + 60)
     ledger.scrub()  # the reply is in the database file, as an older backup would hold it
-    files = sorted(tmp_path.glob("ledger.sqlite3*"))
-    assert any(b"REPLY-MARKER" in f.read_bytes() for f in files)
+    assert ledger_files_hold(tmp_path, b"REPLY-MARKER")
     ledger._last_purge = -math.inf
     assert ledger.housekeep() == 1
-    assert not any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    assert not ledger_files_hold(tmp_path, b"REPLY-MARKER")
     assert ledger.housekeep() == 0  # not due again for a minute
     ledger.close()
 
@@ -450,7 +441,7 @@ def test_a_scrub_waits_for_the_last_full_chunk_and_for_its_minute(
     assert scrubs == []
     assert ledger.housekeep() == 1
     assert scrubs == [sql.SCRUB_WAIT_SECONDS]
-    assert not any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    assert not ledger_files_hold(tmp_path, b"REPLY-MARKER")
     key = IdempotencyKey("again", "h")
     done = reserve(ledger, "user-9", idempotency=key)
     ledger.settle("acme", "user-9", done.charge_ids, [], key, '"REPLY-MARKER"')
@@ -461,7 +452,7 @@ def test_a_scrub_waits_for_the_last_full_chunk_and_for_its_minute(
     ledger._last_scrub = -math.inf
     assert ledger.housekeep() == 0
     assert len(scrubs) == 2
-    assert not any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    assert not ledger_files_hold(tmp_path, b"REPLY-MARKER")
     ledger.close()
 
 
@@ -489,10 +480,10 @@ def test_a_long_read_makes_the_timer_s_checkpoint_give_up_and_try_again(tmp_path
     reader.execute("COMMIT")
     reader.close()
     assert ledger.housekeep() == 0  # the scrub it owes waits for its minute
-    assert any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    assert ledger_files_hold(tmp_path, b"REPLY-MARKER")
     ledger._last_scrub = -math.inf  # a minute later
     assert ledger.housekeep() == 0  # no purge due, but the scrub it owes runs now
-    assert not any(b"REPLY-MARKER" in f.read_bytes() for f in tmp_path.glob("ledger.sqlite3*"))
+    assert not ledger_files_hold(tmp_path, b"REPLY-MARKER")
     ledger.close()
 
 
