@@ -446,6 +446,7 @@ class Charging:
         sentences = request_sentences(request.documents, self.splitter, self.limits)
         key = self.signer.key(
             request.idempotency_key,
+            request.tenant.id,
             request.endpoint,
             request.user,
             request.epsilon,

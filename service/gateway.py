@@ -26,10 +26,12 @@ from service import housekeeping, logs
 from service.charging import ChargedRequest, Charging, Reply
 from service.errors import ApiError, Code, classify_forms_error
 from service.guard import GuardMiddleware
+from service.http_metrics import bound_endpoint_labels
 from service.idempotency import load_signer
 from service.ledger import open_ledger
 from service.ledger.sql import PURGE_CHUNK_ROWS
 from service.lookup import Lookups
+from service.metrics import protect_metrics_folder
 from service.schemas import (
     Budget,
     BudgetRequest,
@@ -203,7 +205,9 @@ class Gateway:
     @bentoml.on_startup
     async def _start_housekeeping(self) -> None:
         """Start the timer that purges expired idempotency rows (stored replies, with their
-        embeddings and user ids) although no charged request comes to trigger it."""
+        embeddings and user ids) although no charged request comes to trigger it; and keep
+        other local users out of the metrics folder."""
+        protect_metrics_folder()
         self._housekeeping = housekeeping.start(self.charging.housekeep, PURGE_CHUNK_ROWS)
 
     @bentoml.on_shutdown
@@ -311,6 +315,8 @@ def unauthorized() -> ApiError:
     return ApiError(Code.UNAUTHORIZED, "missing or invalid API key")
 
 
+_services: tuple[Any, ...] = (Gateway, Worker)
+bound_endpoint_labels(api.route for service in _services for api in service.apis.values())
 Gateway.add_asgi_middleware(  # type: ignore[attr-defined]
     GuardMiddleware,
     registry_loader=_registry,

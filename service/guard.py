@@ -40,6 +40,7 @@ from service.errors import (
     envelope,
     is_input_model,
 )
+from service.http_metrics import real_scope
 from service.metrics import metric
 from service.scheduling import TenantChecks, TenantLoad, TurnRefusedError, in_turn
 from service.settings import REQUEST_OVERHEAD_BYTES
@@ -285,15 +286,25 @@ def _errors_counted(found: re.Match[str]) -> str:
     return f"{count} validation error{'' if count == 1 else 's'}"
 
 
+UNKNOWN_FIELD = "(unknown field)"
+"""What an error's ``loc`` says in place of a field name the caller made up."""
+
+
 def _without_urls(detail: Any) -> Any:
     """pydantic's error list without each entry's ``url`` (a link to its documentation,
-    which names the library's version)."""
+    which names the library's version), and without the names of unknown fields: those are
+    the caller's text (a document's words sent as a key), and ``loc`` would echo them."""
     if not isinstance(detail, list):
         return detail
-    return [
-        {k: v for k, v in entry.items() if k != "url"} if isinstance(entry, dict) else entry
-        for entry in detail
-    ]
+    return [_entry_for_caller(entry) if isinstance(entry, dict) else entry for entry in detail]
+
+
+def _entry_for_caller(entry: dict[str, Any]) -> dict[str, Any]:
+    kept = {k: v for k, v in entry.items() if k != "url"}
+    loc = kept.get("loc")
+    if kept.get("type") == "extra_forbidden" and isinstance(loc, list) and loc:
+        kept["loc"] = [*loc[:-1], UNKNOWN_FIELD]
+    return kept
 
 
 def declared_length(digits: bytes) -> int:
@@ -348,6 +359,7 @@ class GuardMiddleware:
         return self._loader()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope = real_scope(scope)
         if scope["type"] == "http" and scope.get("path") == METRICS_PATH:
             refusal = self._metrics_refusal(bearer_token(scope))
             if refusal is not None:

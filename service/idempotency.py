@@ -7,6 +7,10 @@ the others are still accepted (rotation: put a new secret on the first line, kee
 below it for 24 hours, then remove it). Several replicas must share the same file.
 A database from schema version 1 kept its secret in ``sentdp_meta``; on first start it moves
 into the file (as an accepted secret) and is deleted from the database.
+
+The signed input includes the tenant and the key, so two rows carry the same HMAC only if they
+are the same row: a reader of the ledger cannot tell that a user sent the same document twice,
+or to two tenants (a hostile review found that the body alone made equal HMACs).
 """
 
 from __future__ import annotations
@@ -36,7 +40,13 @@ class BodySigner:
     accepted: tuple[bytes, ...] = ()
 
     def key(
-        self, key: str | None, endpoint: str, user: str, epsilon: float, documents: list[DocumentIn]
+        self,
+        key: str | None,
+        tenant: str,
+        endpoint: str,
+        user: str,
+        epsilon: float,
+        documents: list[DocumentIn],
     ) -> IdempotencyKey | None:
         """The ledger's key for a request, or None without a key; 400 for an invalid one."""
         if key is None:
@@ -46,19 +56,26 @@ class BodySigner:
                 Code.INVALID_IDEMPOTENCY_KEY,
                 f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable characters",
             )
-        canonical = json.dumps(
-            {
-                "endpoint": endpoint,
-                "user": user,
-                "epsilon": epsilon,
-                "documents": [d.model_dump() for d in documents],
-            },
-            sort_keys=True,
-        ).encode()
-        digests = [hmac.new(s, canonical, hashlib.sha256).hexdigest() for s in self.accepted]
-        return IdempotencyKey(
-            key, hmac.new(self.current, canonical, hashlib.sha256).hexdigest(), tuple(digests)
-        )
+        body = {
+            "endpoint": endpoint,
+            "user": user,
+            "epsilon": epsilon,
+            "documents": [d.model_dump() for d in documents],
+        }
+        signed = _canonical(body | {"tenant": tenant, "key": key, "format": 2})
+        # Rows stored before the tenant and key were signed (24 hours at most) still replay.
+        legacy = _canonical(body)
+        digests = [_digest(s, signed) for s in self.accepted]
+        digests += [_digest(s, legacy) for s in (self.current, *self.accepted)]
+        return IdempotencyKey(key, _digest(self.current, signed), tuple(digests))
+
+
+def _canonical(fields: dict[str, object]) -> bytes:
+    return json.dumps(fields, sort_keys=True).encode()
+
+
+def _digest(secret: bytes, message: bytes) -> str:
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
 def read_secrets(path: Path) -> list[bytes]:

@@ -8,7 +8,9 @@ module-level cache.
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 _lock = threading.Lock()
@@ -80,3 +82,18 @@ def metric(name: str) -> Any:
             cls = getattr(prometheus_client, kind)
             _metrics[name] = cls(full_name, f"sentdp: {full_name}", labels, **options)
         return _metrics[name]
+
+
+def protect_metrics_folder() -> None:
+    """Make the folder of every process's metric values readable by this user alone.
+
+    BentoML creates it with the default umask (0755, files 0644). Its files hold the series
+    /metrics answers only with ``SENTDP_METRICS_TOKEN`` (per-tenant counts, the histograms of
+    ε and of batch sentences), so another local user could otherwise read them directly.
+    """
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not folder:
+        return
+    path = Path(folder)
+    if path.is_dir() and path.stat().st_uid == os.getuid():
+        path.chmod(0o700)

@@ -275,7 +275,44 @@ HOSTILE_BODIES: list[tuple[str, bytes, str]] = [
     ("/classify", json.dumps({"model": "x", "candidates": [MARKER]}).encode(), "application/json"),
     ("/budget", json.dumps({"user": [MARKER]}).encode(), "application/json"),
     ("/budget", json.dumps({"user": f"{MARKER}\u200b"}).encode(), "application/json"),
+    # unknown fields whose names are the text (pydantic's loc would echo them)
+    (
+        "/privatize",
+        json.dumps({"user": "u", "epsilon": 1.0, "documents": [{MARKER: "x"}]}).encode(),
+        "application/json",
+    ),
+    (
+        "/classify",
+        json.dumps(
+            {"user": "u", "epsilon": 1.0, MARKER: 1, "documents": [{"text": "A."}]}
+        ).encode(),
+        "application/json",
+    ),
+    ("/budget", json.dumps({"user": "u", MARKER: 1}).encode(), "application/json"),
 ]
+
+
+def test_unknown_paths_share_one_metrics_label(server: Server) -> None:
+    """BentoML labelled its HTTP metrics with the raw path: every made-up path, even
+    without a key, grew each process's memory and the metrics folder on disk for good."""
+    with client(server, METRICS_TOKEN) as http:
+        before = http.get("/metrics").text
+        for number in range(40):
+            assert http.get(f"/made-up-path-{number}").status_code == 404
+        assert http.get("/readyz").status_code == 200
+        after = http.get("/metrics").text
+    assert "made-up-path" not in after
+    labels = set(re.findall(r'endpoint="([^"]*)"', after))
+    assert "(other)" in labels
+    assert "/readyz" in labels
+    assert len(after.splitlines()) - len(before.splitlines()) < 200  # not 20 series a path
+
+
+def test_the_metrics_folder_is_the_server_users_alone(server: Server) -> None:
+    """Its files hold what /metrics gives only with the token; BentoML made it 0755."""
+    folder = server.home / "prometheus_multiproc_dir"
+    assert any(folder.iterdir())
+    assert folder.stat().st_mode & 0o777 == 0o700
 
 
 def test_no_request_text_reaches_the_log_metrics_or_error_bodies(server: Server) -> None:
@@ -292,6 +329,10 @@ def test_no_request_text_reaches_the_log_metrics_or_error_bodies(server: Server)
             assert response.status_code < 500, (endpoint, body[:80], response.text)
             assert MARKER not in response.text, (endpoint, body[:80], response.text)
     assert set(statuses) <= {400, 402, 404, 413, 415, 422}, statuses
+    with client(server, ZERO.key) as http:  # paths no route serves, with and without a key
+        for path in (f"/{MARKER}", f"/privatize/{MARKER}", f"/docs.json/{MARKER}"):
+            assert http.get(path).status_code == 404
+            assert http.post(path, headers={"Authorization": ""}).status_code == 404
     with client(server, METRICS_TOKEN) as http:
         assert MARKER not in http.get("/metrics").text
     assert server.log is not None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -52,18 +55,54 @@ def test_a_version_1_secret_moves_out_of_the_database(tmp_path: Path) -> None:
 def test_rotation_keeps_recent_keys_matching(tmp_path: Path) -> None:
     old = BodySigner(b"o" * 32)
     rotated = BodySigner(b"n" * 32, accepted=(b"o" * 32,))
-    stored = old.key("k", "privatize", "u", 1.0, DOCS)
-    retried = rotated.key("k", "privatize", "u", 1.0, DOCS)
+    stored = old.key("k", "acme", "privatize", "u", 1.0, DOCS)
+    retried = rotated.key("k", "acme", "privatize", "u", 1.0, DOCS)
     assert stored is not None
     assert retried is not None
     assert retried.body_hmac != stored.body_hmac
     assert retried.matches(stored.body_hmac)
-    other = rotated.key("k", "privatize", "u", 2.0, DOCS)
+    other = rotated.key("k", "acme", "privatize", "u", 2.0, DOCS)
     assert other is not None
     assert not other.matches(stored.body_hmac)
-    assert BodySigner(b"x" * 32).key(None, "privatize", "u", 1.0, DOCS) is None
+    assert BodySigner(b"x" * 32).key(None, "acme", "privatize", "u", 1.0, DOCS) is None
     with pytest.raises(ApiError, match="printable"):
-        old.key("tab\tkey", "privatize", "u", 1.0, DOCS)
+        old.key("tab\tkey", "acme", "privatize", "u", 1.0, DOCS)
+
+
+def test_equal_bodies_under_other_keys_or_tenants_store_other_hmacs() -> None:
+    """A ledger reader must not learn that a user sent one document twice, or to two tenants:
+    the stored HMAC signs the tenant and the key with the body."""
+    signer = BodySigner(b"s" * 32)
+    stored = {
+        signer.key(key, tenant, "privatize", "u", 1.0, DOCS).body_hmac  # type: ignore[union-attr]
+        for key, tenant in [("k1", "acme"), ("k2", "acme"), ("k1", "other")]
+    }
+    assert len(stored) == 3
+    retried = signer.key("k1", "acme", "privatize", "u", 1.0, DOCS)
+    assert retried is not None
+    assert retried.body_hmac in stored  # the same request signs the same
+
+
+def test_rows_stored_before_the_tenant_and_key_were_signed_still_match() -> None:
+    signer = BodySigner(b"n" * 32, accepted=(b"o" * 32,))
+    canonical = json.dumps(
+        {
+            "endpoint": "privatize",
+            "user": "u",
+            "epsilon": 1.0,
+            "documents": [d.model_dump() for d in DOCS],
+        },
+        sort_keys=True,
+    ).encode()
+    for secret in (b"n" * 32, b"o" * 32):
+        legacy = hmac.new(secret, canonical, hashlib.sha256).hexdigest()
+        retried = signer.key("k", "acme", "privatize", "u", 1.0, DOCS)
+        assert retried is not None
+        assert retried.body_hmac != legacy
+        assert retried.matches(legacy)
+        changed = signer.key("k", "acme", "privatize", "u", 2.0, DOCS)
+        assert changed is not None
+        assert not changed.matches(legacy)
 
 
 def test_a_secret_file_with_nothing_usable_is_refused(tmp_path: Path) -> None:
