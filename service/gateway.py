@@ -26,7 +26,7 @@ from service import housekeeping, logs
 from service.charging import ChargedRequest, Charging, Reply
 from service.errors import ApiError, Code, classify_forms_error
 from service.guard import GuardMiddleware
-from service.http_metrics import bound_endpoint_labels
+from service.http_metrics import bound_paths
 from service.idempotency import load_signer
 from service.ledger import open_ledger
 from service.ledger.sql import PURGE_CHUNK_ROWS
@@ -315,8 +315,9 @@ def unauthorized() -> ApiError:
     return ApiError(Code.UNAUTHORIZED, "missing or invalid API key")
 
 
+protect_metrics_folder()
 _services: tuple[Any, ...] = (Gateway, Worker)
-bound_endpoint_labels(api.route for service in _services for api in service.apis.values())
+bound_paths(api.route for service in _services for api in service.apis.values())
 Gateway.add_asgi_middleware(  # type: ignore[attr-defined]
     GuardMiddleware,
     registry_loader=_registry,

@@ -40,7 +40,6 @@ from service.errors import (
     envelope,
     is_input_model,
 )
-from service.http_metrics import real_scope
 from service.metrics import metric
 from service.scheduling import TenantChecks, TenantLoad, TurnRefusedError, in_turn
 from service.settings import REQUEST_OVERHEAD_BYTES
@@ -359,7 +358,6 @@ class GuardMiddleware:
         return self._loader()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope = real_scope(scope)
         if scope["type"] == "http" and scope.get("path") == METRICS_PATH:
             refusal = self._metrics_refusal(bearer_token(scope))
             if refusal is not None:

@@ -56,17 +56,20 @@ class BodySigner:
                 Code.INVALID_IDEMPOTENCY_KEY,
                 f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable characters",
             )
-        body = {
-            "endpoint": endpoint,
-            "user": user,
-            "epsilon": epsilon,
-            "documents": [d.model_dump() for d in documents],
-        }
-        signed = _canonical(body | {"tenant": tenant, "key": key, "format": 2})
-        # Rows stored before the tenant and key were signed (24 hours at most) still replay.
-        legacy = _canonical(body)
+        body = _canonical(
+            {
+                "endpoint": endpoint,
+                "user": user,
+                "epsilon": epsilon,
+                "documents": [d.model_dump() for d in documents],
+            }
+        )
+        # A canonical object holds no raw newline, so the split is unambiguous.
+        signed = body + b"\n" + _canonical({"tenant": tenant, "key": key, "format": 2})
         digests = [_digest(s, signed) for s in self.accepted]
-        digests += [_digest(s, legacy) for s in (self.current, *self.accepted)]
+        # Rows a sentdp from before this form stored (the body alone) still replay until they
+        # expire, 24 hours after they were stored; this can go in a later release.
+        digests += [_digest(s, body) for s in (self.current, *self.accepted)]
         return IdempotencyKey(key, _digest(self.current, signed), tuple(digests))
 
 

@@ -89,9 +89,16 @@ def protect_metrics_folder() -> None:
 
     BentoML creates it with the default umask (0755, files 0644). Its files hold the series
     /metrics answers only with ``SENTDP_METRICS_TOKEN`` (per-tenant counts, the histograms of
-    ε and of batch sentences), so another local user could otherwise read them directly.
+    ε and of batch sentences), so another local user could otherwise read them directly. The
+    gateway calls this when its module is imported: in ``bentoml serve``'s first process that
+    is just after BentoML recreated the folder and before any server process writes a file
+    (a file opened before the change would stay readable through its open handle).
     """
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not folder:
+        from bentoml._internal.configuration.containers import BentoMLContainer
+
+        folder = BentoMLContainer.prometheus_multiproc_dir.get()
     if not folder:
         return
     path = Path(folder)
