@@ -28,7 +28,8 @@ SYSTEM_ROUTES = frozenset(
 )
 """BentoML's own routes, which keep their path."""
 
-_REPLACED = ("RunnerTrafficMetricsMiddleware", "AccessLogMiddleware")
+_REAL_PATH = "sentdp.real_path"
+"""Where a rewritten scope keeps the real path for the app inside."""
 
 
 def bound_paths(routes: Iterable[str]) -> None:
@@ -56,7 +57,7 @@ def _bounded(middleware: type, known: frozenset[str]) -> type:
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
             path = scope.get("path") if isinstance(scope, dict) else None
             if isinstance(path, str) and path not in known:
-                scope = {**scope, "path": OTHER, "sentdp.real_path": path}
+                scope = {**scope, "path": OTHER, _REAL_PATH: path}
             await super().__call__(scope, receive, send)
 
     Bounded.__name__ = Bounded.__qualname__ = base.__name__
@@ -67,9 +68,9 @@ def _with_real_path(app: Any) -> Any:
     """An ASGI app that hands ``app`` the request's real path back."""
 
     async def restored(scope: Any, receive: Any, send: Any) -> None:
-        if isinstance(scope, dict) and "sentdp.real_path" in scope:
-            real = scope["sentdp.real_path"]
-            scope = {k: v for k, v in scope.items() if k != "sentdp.real_path"}
+        if isinstance(scope, dict) and _REAL_PATH in scope:
+            real = scope[_REAL_PATH]
+            scope = {k: v for k, v in scope.items() if k != _REAL_PATH}
             scope["path"] = real
         await app(scope, receive, send)
 
