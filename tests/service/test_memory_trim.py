@@ -13,8 +13,7 @@ def test_returns_at_most_once_per_interval(monkeypatch: pytest.MonkeyPatch) -> N
     calls: list[int] = []
     monkeypatch.setattr(worker, "_MALLOC_TRIM", calls.append)
     clock = iter([100.0, 100.5, 101.2, 101.3])
-    monkeypatch.setattr(worker.time, "monotonic", lambda: next(clock))
-    trim = MemoryTrim(1.0)
+    trim = MemoryTrim(1.0, clock=lambda: next(clock))
     assert [trim() for _ in range(4)] == [True, False, True, False]
     assert calls == [0, 0]
 
