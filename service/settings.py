@@ -136,7 +136,7 @@ class ServiceSettings(BaseSettings):
     memory_trim_interval_s: float = Field(default=1.0, ge=0)
     """Least seconds between the worker's returns of freed heap pages to the system (glibc's
     ``malloc_trim``, after a batch's encoding). One return walks the whole heap: 8 ms in a
-    plain process and about 16 ms in the worker with ONNX Runtime int8 (measured), paid by
+    plain process and 16-19 ms in the worker with ONNX Runtime int8 (measured), paid by
     each lone document at concurrency 1 when done after every batch. 0: after every batch."""
     encode_batch_size: int | None = Field(default=None, ge=1)
     """Rows per encoder pass (:meth:`encoder_rows`); unset: 32. On the CPU one pass's
