@@ -66,8 +66,12 @@ class MemoryTrim:
     are freed; without this the worker's resident memory grows by about one batch per arena
     used (measured with torch at concurrency 32 on BBC News: the worker held 790 MiB at the
     end of a run instead of 655, and the whole server peaked at 1,053 MiB instead of 1,013;
-    throughput unchanged). A return walks the whole heap (about 16 ms in the worker with
-    ONNX Runtime int8), so it is not repeated for every lone document."""
+    throughput unchanged). A return walks the whole heap (16-19 ms in the worker with ONNX
+    Runtime int8), so it is not repeated for every lone document; a batch of at least
+    :data:`LARGE_BATCH_SENTENCES` returns its pages whenever it ends (it took far longer
+    than the return), so an idle worker does not keep a large batch's activations."""
+
+    LARGE_BATCH_SENTENCES = 1024
 
     def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval = interval
@@ -75,13 +79,14 @@ class MemoryTrim:
         self._last = -float("inf")
         self._lock = threading.Lock()
 
-    def __call__(self) -> bool:
-        """Return freed pages if ``interval`` has passed since the last time; whether it did."""
+    def __call__(self, sentences: int = 0) -> bool:
+        """Return freed pages if ``interval`` has passed since the last time, or after a batch
+        of at least :data:`LARGE_BATCH_SENTENCES`; whether it did."""
         if _MALLOC_TRIM is None:
             return False
         with self._lock:
             now = self._clock()
-            if now - self._last < self.interval:
+            if now - self._last < self.interval and sentences < self.LARGE_BATCH_SENTENCES:
                 return False
             self._last = now
         with contextlib.suppress(OSError):  # returning memory is an optimisation, never an error
@@ -271,7 +276,7 @@ class Worker:
         ready = [entry for entry in ready if not isinstance(entry[3], str)]
         metric("worker_seconds").labels("prepare").observe(time.perf_counter() - started)
         if live:  # the encoding's activations are freed by now; before sampling, not after
-            self.trim_memory()
+            self.trim_memory(sum(len(item.sentences) for _, _, item in live))
         if ready:
             self._journal([item for _, _, item, _ in ready])
             chosen = DeepCandidate.draw_plans([plan for *_, plan in ready])

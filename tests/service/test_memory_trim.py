@@ -18,6 +18,16 @@ def test_returns_at_most_once_per_interval(monkeypatch: pytest.MonkeyPatch) -> N
     assert calls == [0, 0]
 
 
+def test_a_large_batch_returns_its_pages_whenever_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(worker, "_MALLOC_TRIM", calls.append)
+    trim = MemoryTrim(60.0, clock=lambda: 100.0)
+    assert trim(1) is True  # the first
+    assert trim(MemoryTrim.LARGE_BATCH_SENTENCES - 1) is False
+    assert trim(MemoryTrim.LARGE_BATCH_SENTENCES) is True
+    assert len(calls) == 2
+
+
 def test_interval_zero_returns_after_every_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     monkeypatch.setattr(worker, "_MALLOC_TRIM", calls.append)
