@@ -205,9 +205,7 @@ class Gateway:
     @bentoml.on_startup
     async def _start_housekeeping(self) -> None:
         """Start the timer that purges expired idempotency rows (stored replies, with their
-        embeddings and user ids) although no charged request comes to trigger it; and keep
-        other local users out of the metrics folder."""
-        protect_metrics_folder()
+        embeddings and user ids) although no charged request comes to trigger it."""
         self._housekeeping = housekeeping.start(self.charging.housekeep, PURGE_CHUNK_ROWS)
 
     @bentoml.on_shutdown
@@ -315,7 +313,7 @@ def unauthorized() -> ApiError:
     return ApiError(Code.UNAUTHORIZED, "missing or invalid API key")
 
 
-protect_metrics_folder()
+protect_metrics_folder()  # at import, before any server process writes a metric file
 _services: tuple[Any, ...] = (Gateway, Worker)
 bound_paths(api.route for service in _services for api in service.apis.values())
 Gateway.add_asgi_middleware(  # type: ignore[attr-defined]
