@@ -339,8 +339,11 @@ def open_encoder(
     fixed_batch: bool = False,
     threads: int = 2,
     cuda_graphs: bool = True,
+    spin_between_runs: bool = False,
 ) -> Encoder:
-    """G from an encoder directory, run by ``backend`` (ONNX backends run on the CPU)."""
+    """G from an encoder directory, run by ``backend`` (ONNX backends run on the CPU;
+    ``spin_between_runs`` keeps their threads spinning after a run, as ONNX Runtime's
+    default, instead of releasing the cores until the next)."""
     if backend == "torch":
         return SentenceEncoder(model_dir, device, batch_size, fixed_batch, cuda_graphs=cuda_graphs)
     if backend not in ENCODER_BACKENDS:
@@ -350,7 +353,7 @@ def open_encoder(
     from sentdp.onnx_encoder import OnnxSentenceEncoder
 
     path = Path(model_dir) if model_dir is not None else default_encoder_path()
-    return OnnxSentenceEncoder(path, backend, batch_size, fixed_batch, threads)
+    return OnnxSentenceEncoder(path, backend, batch_size, fixed_batch, threads, spin_between_runs)
 
 
 def encode_once(encoder: Encoder, keyed: Sequence[tuple[str, str]]) -> npt.NDArray[np.float32]:

@@ -81,6 +81,7 @@ class OnnxSentenceEncoder:
         batch_size: int = 64,
         fixed_batch: bool = False,
         threads: int = 2,
+        spin_between_runs: bool = False,
     ) -> None:
         import onnxruntime as ort
 
@@ -105,6 +106,13 @@ class OnnxSentenceEncoder:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.log_severity_level = 3
+        if not spin_between_runs:
+            # The pool's threads spin while a run lasts (a run's operators follow each other
+            # faster than sleeping threads wake) and sleep when it returns. By default they
+            # go on spinning after it, a full core each, taking it from the gateway and the
+            # ledger on the same machine (measured: 20 ms of CPU in the 20 ms after each run,
+            # none with this entry; allow_spinning=0 instead ran 25% slower).
+            options.add_session_config_entry("session.force_spinning_stop", "1")
         self._session = ort.InferenceSession(
             str(self.model_file), options, providers=["CPUExecutionProvider"]
         )

@@ -138,6 +138,11 @@ class ServiceSettings(BaseSettings):
     ``malloc_trim``, after a batch's encoding). One return walks the whole heap: 8 ms in a
     plain process and 16-19 ms in the worker with ONNX Runtime int8 (measured), paid by
     each lone document at concurrency 1 when done after every batch. 0: after every batch."""
+    encoder_spin_between_runs: bool = False
+    """Keep ONNX Runtime's threads spinning after each encoder run, its own default (torch
+    bundles ignore it). Off, they stop when the run returns: a spinning thread holds a core
+    that the gateway, the ledger and the next request's checks need (measured with the int8
+    BBC News bundle: docs/performance.md, "ONNX Runtime's threads after a run")."""
     encode_batch_size: int | None = Field(default=None, ge=1)
     """Rows per encoder pass (:meth:`encoder_rows`); unset: 32. On the CPU one pass's
     activations are the top of the worker's memory (torch, BBC News, concurrency 32: the

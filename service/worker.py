@@ -163,6 +163,7 @@ class Worker:
             device,
             settings.encoder_rows(device),
             threads=settings.worker_threads,
+            spin_between_runs=settings.encoder_spin_between_runs,
         )
         self.bundle.check_opened_encoder(self.encoder)
         self.encoder_mode = self._batch_invariant_encoder()
@@ -229,6 +230,7 @@ class Worker:
             fixed_batch=True,
             threads=settings.worker_threads,
             cuda_graphs=cuda_graphs,
+            spin_between_runs=settings.encoder_spin_between_runs,
         )
 
     def _run(self, requests: list[WorkRequest], key: Hashable) -> list[WorkReply]:
