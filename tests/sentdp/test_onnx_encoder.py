@@ -98,9 +98,9 @@ def test_the_threads_rest_between_runs_unless_asked_to_spin(exported, spin) -> N
     time.sleep(0.1)
     idle = _cpu_seconds() - before
     if spin:
-        assert idle > 0.005  # the control: ONNX Runtime's default spins (about 28 ms here)
+        assert idle > 0.01  # the control: ONNX Runtime's default spins (about 28 ms here)
     else:
-        assert idle < 0.005
+        assert idle < 0.01  # any other thread of the test process must be idle too
 
 
 def test_the_export_is_made_once_and_reused(exported) -> None:
