@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import sqlite3
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -40,9 +41,40 @@ from service.views import budget_view
 
 
 def _read(path: Path) -> TenantsFile:
+    """The tenants file (empty when there is none); a file that cannot be read or is not a
+    valid tenants file ends the command with a message that names it and quotes none of its
+    content (a key pasted where its hash belongs must not be echoed)."""
+    if path.is_dir():
+        raise SystemExit(f"sentdp-admin: the tenants file {path} is a directory")
     if not path.is_file():
         return TenantsFile()
-    return TenantsFile.model_validate(json.loads(path.read_text()))
+    try:
+        return TenantsFile.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    except OSError as error:
+        raise SystemExit(
+            f"sentdp-admin: cannot read the tenants file {path}: {error.strerror}"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise SystemExit(
+            f"sentdp-admin: the tenants file {path} is not UTF-8 (byte {error.start})"
+        ) from None
+    except json.JSONDecodeError as error:
+        raise SystemExit(
+            f"sentdp-admin: the tenants file {path} is not JSON: {error.msg} at line "
+            f"{error.lineno}, column {error.colno}"
+        ) from None
+    except ValidationError as error:
+        raise SystemExit(
+            f"sentdp-admin: the tenants file {path} is not valid: {_problems(error)}"
+        ) from None
+
+
+def _problems(error: ValidationError) -> str:
+    """Where and what, without the values (pydantic's own message quotes them)."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in problem['loc']) or '(the file)'}: {problem['msg']}"
+        for problem in error.errors(include_url=False, include_input=False, include_context=False)
+    )
 
 
 def _write(path: Path, tenants: TenantsFile) -> None:
@@ -251,7 +283,12 @@ def _set_limits(path: Path, tenant_id: str, limits: dict[str, Any]) -> tuple[Ten
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    settings = load_settings()
+    try:
+        settings = load_settings()
+    except ValidationError as error:
+        raise SystemExit(
+            f"sentdp-admin: a SENTDP_* setting is not valid: {_problems(error)}"
+        ) from None
     if args.command == "new-key":
         new_tenant_key(args, settings.tenants_file)
         return
@@ -259,7 +296,12 @@ def main(argv: list[str] | None = None) -> None:
         change_tenant(args, settings.tenants_file)
         return
     if args.command == "revoke-key":
-        key = args.key_file.read_text().strip() if args.key_file else args.key
+        try:
+            key = args.key_file.read_text().strip() if args.key_file else args.key
+        except OSError as error:
+            raise SystemExit(
+                f"sentdp-admin: cannot read the key file {args.key_file}: {error.strerror}"
+            ) from None
         removed = revoke_keys(settings.tenants_file, args.tenant, None if args.all else key)
         print(f"revoked {removed} key(s) of tenant {args.tenant}", file=sys.stderr)
         return
@@ -271,10 +313,33 @@ def main(argv: list[str] | None = None) -> None:
                 f"sentdp-admin: no tenant {args.tenant!r} in {settings.tenants_file} "
                 f"({WHERE_THE_SERVER_KEEPS_IT})"
             )
+    try:
+        _on_ledger(args, settings.ledger_url, settings.ledger_schema, known)
+    except _database_errors() as error:  # its message names no password (psycopg, sqlite3)
+        raise SystemExit(
+            f"sentdp-admin: the ledger failed: {type(error).__name__}: {error}"
+        ) from None
+
+
+def _database_errors() -> tuple[type[Exception], ...]:
+    """The database drivers' own errors (a server that cannot be reached, a file that is
+    not a database)."""
+    errors: list[type[Exception]] = [sqlite3.Error]
+    try:
+        import psycopg
+    except ImportError:  # the postgres extra is not installed
+        return tuple(errors)
+    return (*errors, psycopg.Error)
+
+
+def _on_ledger(args: argparse.Namespace, url: str, schema: str, known: Tenant | None) -> None:
+    """The commands that read or change the ledger."""
     try:  # a ledger that is not there is the wrong one, not an empty one
-        ledger = open_ledger(settings.ledger_url, settings.ledger_schema, create=False)
+        ledger = open_ledger(url, schema, create=False)
     except LedgerMissingError as missing:
         raise SystemExit(f"sentdp-admin: {missing} ({WHERE_THE_SERVER_KEEPS_IT})") from None
+    except ValueError as wrong:  # an unsupported URL, named by its scheme alone
+        raise SystemExit(f"sentdp-admin: {wrong}") from None
     if args.command == "purge":
         purged = ledger.purge_expired()
         # their bytes out of the files a backup copies, holding writers back 0.1 s at most
@@ -366,7 +431,14 @@ def new_tenant_key(args: argparse.Namespace, tenants_file: Path) -> None:
     except ValueError as error:
         raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None
     if args.key_file:
-        write_private(args.key_file, secret + "\n")
+        try:
+            write_private(args.key_file, secret + "\n")
+        except OSError as error:  # a key nobody holds must not stay valid
+            revoke_keys(tenants_file, args.tenant, secret)
+            raise SystemExit(
+                f"sentdp-admin: cannot write the key file {args.key_file}: "
+                f"{error.strerror or error}; the new key was revoked, run new-key again"
+            ) from None
     print(secret)
     print(f"tenant {args.tenant} saved in {tenants_file}", file=sys.stderr)
 

@@ -72,6 +72,10 @@ def open_ledger(
             raise LedgerMissingError(f"no ledger in schema {schema} of database {database}")
         ledger = PostgresLedger(url, schema=schema, pending_timeout=pending_timeout)
     else:
-        raise ValueError(f"unsupported ledger URL {url!r}: use sqlite:///path or postgresql://")
+        # Only the scheme: the rest of a URL may hold a password.
+        raise ValueError(
+            f"unsupported ledger URL scheme {parsed.scheme!r}: use sqlite:///path or "
+            "postgresql://user@host:port/database"
+        )
     ledger.initialise()
     return ledger

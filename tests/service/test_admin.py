@@ -266,3 +266,67 @@ def test_budget_refuses_a_user_id_the_server_refuses(
     for command in ("budget", "new-period"):
         with pytest.raises(SystemExit, match=r"the server refuses that user id: .*two in a row"):
             main([command, "--tenant", "acme", "--user", "bad  user"])
+
+
+def test_a_bad_tenants_file_is_named_and_none_of_it_is_quoted(
+    tenants_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key pasted where its hash belongs, broken JSON or bytes that are not UTF-8: a message
+    naming the file and where it is wrong, never a traceback quoting the key."""
+    secret = "sdp_PLAINTEXT_SECRET_KEY"
+    tenants_file.parent.mkdir(parents=True)
+    tenant = {"id": "acme", "key_sha256": [secret], "max_epsilon": 8, "budget": 10}
+    for content, why in (
+        (
+            json.dumps({"tenants": [tenant]}).encode(),
+            "is not valid: tenants.0.key_sha256: Value error",
+        ),
+        (b"{not json", "is not JSON: Expecting property name"),
+        (b'{"tenants": [\xff]}', "is not UTF-8 \\(byte 13\\)"),
+    ):
+        tenants_file.write_bytes(content)
+        for command in (
+            ["budget", "--tenant", "acme", "--user", "u"],
+            ["new-key", "--tenant", "b"],
+        ):
+            with pytest.raises(SystemExit, match=f"the tenants file .*tenants.json {why}") as ended:
+                main(command)
+            assert secret not in str(ended.value.code)
+    tenants_file.unlink()
+    tenants_file.mkdir()
+    with pytest.raises(SystemExit, match="tenants.json is a directory"):
+        main(["new-key", "--tenant", "b"])
+
+
+def test_a_ledger_url_s_password_is_never_printed(
+    tenants_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    new_key("acme", capsys)
+    monkeypatch.setenv("SENTDP_LEDGER_URL", "mysql://u:SuperSecretPw@127.0.0.1/test")
+    with pytest.raises(SystemExit, match="unsupported ledger URL scheme 'mysql'") as ended:
+        main(["purge"])
+    assert "SuperSecretPw" not in str(ended.value.code)
+
+
+def test_a_ledger_file_that_is_not_a_database_is_a_message(
+    tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    new_key("acme", capsys)
+    (tmp_path / "ledger.sqlite3").write_text("not a database, " * 100)
+    with pytest.raises(SystemExit, match="the ledger failed: DatabaseError: file is not a"):
+        main(["budget", "--tenant", "acme", "--user", "u"])
+
+
+def test_a_key_file_that_cannot_be_written_leaves_no_valid_key(
+    tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The key is printed only once written: a key file that cannot be written revokes the
+    key just added, so no key stays valid that nobody holds."""
+    kept = new_key("acme", capsys)
+    (tmp_path / "a-folder").mkdir()
+    with pytest.raises(SystemExit, match="cannot write the key file .*the new key was revoked"):
+        main(["new-key", "--tenant", "acme", "--key-file", str(tmp_path / "a-folder")])
+    assert capsys.readouterr().out == ""  # never printed
+    tenant = TenantRegistry.load(tenants_file).get("acme")
+    assert tenant is not None and len(tenant.key_sha256) == 1
+    assert TenantRegistry.load(tenants_file).authenticate(kept).id == "acme"
