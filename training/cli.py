@@ -12,6 +12,7 @@ from rich.table import Table
 
 from sentdp.encoders import ENCODER_BACKENDS
 from sentdp.errors import SentDPError
+from training.console import plain_console
 from training.datasets import REGISTRY
 from training.pipeline import TrainConfig, TrainReport, run_training
 from training.settings import load_settings
@@ -117,7 +118,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="required for a user corpus: its documents are released verbatim as candidates",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    _check_ranges(parser, args)
+    return args
+
+
+SEED_LIMIT = 2**32
+"""NumPy's seeds are below this."""
+
+
+def _check_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse values that could only fail after the corpus is encoded (argparse's exit 2)."""
+    for flag, values in (
+        ("--clusters", [args.clusters]),
+        ("--candidates", [args.candidates]),
+        ("--label-dims", args.label_dims or []),
+        ("--prototypes", args.prototypes),
+        ("--per-class", [] if args.per_class is None else [args.per_class]),
+    ):
+        if any(value < 1 for value in values):
+            parser.error(f"{flag} must be at least 1")
+    if not 0 <= args.seed < SEED_LIMIT:
+        parser.error(f"--seed must be in [0, {SEED_LIMIT})")
+    if args.epsilons and not all(0 < e < float("inf") for e in args.epsilons):
+        parser.error("--epsilons must be finite and above 0")
+    if args.epsilons and len(set(args.epsilons)) != len(args.epsilons):
+        parser.error("--epsilons lists a value twice")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -184,12 +210,12 @@ def print_report(report: TrainReport, console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    console = Console(stderr=True)
+    console = plain_console()
     args = parse_args(argv)
     try:
         report = run_training(config_from_args(args), load_settings(), console)
     except SentDPError as error:
-        console.print(f"[red]sentdp-train: {error}[/red]")
+        console.print(f"sentdp-train: {error}", style="red")
         sys.exit(2)
     print_report(report, console)
     print(report.tag)

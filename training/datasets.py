@@ -282,7 +282,9 @@ def load_user_corpus(
         raise InputError(f"{path} holds no documents")
     for column in (text_column, label_column):
         if column not in rows[0]:
-            raise InputError(f"{path} has no column {column!r}; its columns are {sorted(rows[0])}")
+            raise InputError(
+                f"{path} has no column {column!r}; its columns are {_shown_columns(rows[0])}"
+            )
     splitter = SentenceSplitter()
     documents = []
     for number, row in enumerate(rows):
@@ -293,6 +295,23 @@ def load_user_corpus(
             Document(f"row-{number:06d}", _split_text(text, splitter, limits), str(label).strip())
         )
     return _finish(path.stem, str(path), file_sha256(path), True, documents, "splitter")
+
+
+SHOWN_COLUMNS = 20
+SHOWN_COLUMN_CHARS = 40
+
+
+def _shown_columns(row: dict[str, object]) -> str:
+    """A row's column names for an error message, each cut to SHOWN_COLUMN_CHARS and at most
+    SHOWN_COLUMNS of them: a file without a header row has its first document as column
+    names, which must not be printed whole."""
+    names = sorted(str(name) for name in row)
+    shown = [
+        name if len(name) <= SHOWN_COLUMN_CHARS else name[:SHOWN_COLUMN_CHARS] + "..."
+        for name in names[:SHOWN_COLUMNS]
+    ]
+    more = f" and {len(names) - SHOWN_COLUMNS} more" if len(names) > SHOWN_COLUMNS else ""
+    return f"{shown}{more}"
 
 
 CSV_FIELD_LIMIT = 64 * 1024 * 1024
@@ -311,12 +330,14 @@ def _read_rows(path: Path) -> list[dict[str, object]]:
             return _csv_rows(path, "\t" if suffix == ".tsv" else ",")
     except UnicodeDecodeError as error:
         raise InputError(f"{path} is not UTF-8 text (byte {error.start})") from None
+    except OSError as error:  # unreadable: permissions, a device, an I/O error
+        raise InputError(f"{path} cannot be read: {error.strerror or error}") from None
     raise InputError(f"{path}: corpus files must be .csv, .tsv or .jsonl")
 
 
 def _json_rows(path: Path) -> list[dict[str, object]]:
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines()):
         if line.strip():
             try:
                 row = json.loads(line)
@@ -331,7 +352,7 @@ def _json_rows(path: Path) -> list[dict[str, object]]:
 def _csv_rows(path: Path, delimiter: str) -> list[dict[str, object]]:
     previous = csv.field_size_limit(CSV_FIELD_LIMIT)
     try:
-        with path.open(encoding="utf-8", newline="") as handle:
+        with path.open(encoding="utf-8-sig", newline="") as handle:
             reader = csv.DictReader(handle, delimiter=delimiter)
             try:
                 return list(reader)

@@ -35,6 +35,7 @@ from sentdp.text import SentenceSplitter, TextLimits
 from sentdp.words import TOKENIZER
 from training.candidates import choose_candidates
 from training.classifiers import train_classifier
+from training.console import plain_console
 from training.corpora import CorpusSpec, load_corpus
 from training.datasets import Corpus, Splits, stratified_splits
 from training.embeddings import CorpusEmbeddings, embed_corpus
@@ -51,7 +52,7 @@ from training.p_selection import (
 )
 from training.prototypes import DEFAULT_PER_CLASS, prototype_variants
 from training.settings import TrainingSettings
-from training.store import save_to_store
+from training.store import check_new_tag, save_to_store
 from training.variants import (
     TrainingData,
     VariantSpec,
@@ -204,7 +205,9 @@ def run_training(
     config: TrainConfig, settings: TrainingSettings, console: Console | None = None
 ) -> TrainReport:
     """Train a bundle and save it to the BentoML store; every choice is made on validation."""
-    console = console or Console(stderr=True)
+    console = console or plain_console()
+    if config.name:
+        check_new_tag(config.name)
     started = time.perf_counter()
     corpus = load_corpus(config.corpus_spec(), settings)
     splits = stratified_splits(corpus, config.seed)

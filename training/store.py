@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sentdp.bundle import Bundle
+from sentdp.errors import InputError
 
 
 def save_to_store(bundle: Bundle, name: str, metadata: dict[str, Any]) -> str:
@@ -30,7 +31,36 @@ def save_to_store(bundle: Bundle, name: str, metadata: dict[str, Any]) -> str:
 
 
 def load_from_store(tag: str) -> Bundle:
-    """The bundle of a BentoML model tag (``name:version`` or ``name:latest``)."""
+    """The bundle of a BentoML model tag (``name:version`` or ``name:latest``); a tag that is
+    not one, or not in the store, is an :class:`~sentdp.errors.InputError`."""
     import bentoml
+    from bentoml.exceptions import BentoMLException, NotFound
 
-    return Bundle.load(Path(bentoml.models.get(tag).path))
+    try:
+        model = bentoml.models.get(tag)
+    except NotFound:
+        raise InputError(f"no model {tag!r} in the BentoML store") from None
+    except (ValueError, BentoMLException) as error:
+        raise InputError(f"{tag!r} is not a BentoML model tag: {error}") from None
+    return Bundle.load(Path(model.path))
+
+
+def check_new_tag(name: str) -> None:
+    """Refuse, before any training, a model name the store would refuse only at the end:
+    not a BentoML tag, the version ``latest``, or a version already stored."""
+    import bentoml
+    from bentoml.exceptions import BentoMLException, NotFound
+
+    try:
+        tag = bentoml.Tag.from_taglike(name)
+    except (ValueError, BentoMLException) as error:
+        raise InputError(f"--out {name!r} is not a BentoML model tag: {error}") from None
+    if tag.version is None:
+        return
+    if tag.version == "latest":
+        raise InputError(f"--out {name!r}: 'latest' names the newest version, not a new one")
+    try:
+        bentoml.models.get(tag)
+    except NotFound:
+        return
+    raise InputError(f"--out {name!r}: the store already holds that version")

@@ -228,6 +228,55 @@ def test_long_csv_fields_load_and_bad_files_end_in_a_message(
         load_user_corpus(tmp_path / "list.jsonl", "text", "label", True, TextLimits())
 
 
+def test_a_file_without_a_header_row_is_refused_without_printing_its_first_document(
+    tmp_path: Path,
+) -> None:
+    first = "Nu xi beta. " * 400 + "This is about sport."
+    path = tmp_path / "noheader.csv"
+    path.write_text(f"{first},sport\nAnother one. And more.,tech\n")
+    with pytest.raises(InputError, match="has no column 'text'") as refused:
+        load_user_corpus(path, "text", "label", True, TextLimits())
+    assert "This is about sport" not in str(refused.value)
+    assert len(str(refused.value)) < 300
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> None:
+    """Spreadsheets write a UTF-8 byte order mark: the first column keeps its name."""
+    path = tmp_path / "excel.csv"
+    path.write_bytes(b"\xef\xbb\xbftext,label\nOne here. Two there.,a\n")
+    corpus = load_user_corpus(path, "text", "label", True, TextLimits())
+    assert corpus.documents[0].sentences == ("One here.", "Two there.")
+
+
+def test_cli_errors_are_shown_as_written_and_a_bad_tag_is_refused_before_training(
+    tmp_path: Path,
+) -> None:
+    """Brackets in a file name or a CSV column are text, not rich markup (which crashed the
+    message), and a model name the store would refuse stops the run before the corpus is
+    read, not after training."""
+    (tmp_path / "x[").mkdir()
+    odd = tmp_path / "x[" / "y] :x:.csv"  # the path holds "[/y]", a closing tag
+    odd.write_text("body,label\nA. B.,a\n")
+    cases = (
+        (["--dataset", str(odd), "--corpus-is-public"], f"{odd} has no column 'text'"),
+        (["--dataset", "bbc-news", "--out", "a:b:c"], "--out 'a:b:c' is not a BentoML model tag"),
+        (["--dataset", "bbc-news", "--out", "x:latest"], "'latest' names the newest version"),
+        (["--dataset", "bbc-news", "--clusters", "0"], "--clusters must be at least 1"),
+        (["--dataset", "bbc-news", "--epsilons", "1", "nan"], "--epsilons must be finite"),
+    )
+    for flags, message in cases:
+        result = subprocess.run(
+            [sys.executable, "-m", "training.cli", *flags],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        assert result.returncode == 2, result.stderr
+        assert message in " ".join(result.stderr.split()), result.stderr
+        assert "Traceback" not in result.stderr
+
+
 def test_an_int8_bundle_records_and_carries_its_encoder(tmp_path: Path) -> None:
     corpus = REGISTRY["bbc-news"](load_settings().cache_dir, TextLimits())
     path = tmp_path / "int8.jsonl"
