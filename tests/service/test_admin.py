@@ -294,7 +294,7 @@ def test_a_bad_tenants_file_is_named_and_none_of_it_is_quoted(
             assert secret not in str(ended.value.code)
     tenants_file.unlink()
     tenants_file.mkdir()
-    with pytest.raises(SystemExit, match="tenants.json is a directory"):
+    with pytest.raises(SystemExit, match=r"tenants\.json is a directory"):
         main(["new-key", "--tenant", "b"])
 
 
@@ -324,9 +324,10 @@ def test_a_key_file_that_cannot_be_written_leaves_no_valid_key(
     key just added, so no key stays valid that nobody holds."""
     kept = new_key("acme", capsys)
     (tmp_path / "a-folder").mkdir()
-    with pytest.raises(SystemExit, match="cannot write the key file .*the new key was revoked"):
+    with pytest.raises(SystemExit, match=r"cannot write the key file .*the new key was revoked"):
         main(["new-key", "--tenant", "acme", "--key-file", str(tmp_path / "a-folder")])
     assert capsys.readouterr().out == ""  # never printed
     tenant = TenantRegistry.load(tenants_file).get("acme")
-    assert tenant is not None and len(tenant.key_sha256) == 1
+    assert tenant is not None
+    assert len(tenant.key_sha256) == 1
     assert TenantRegistry.load(tenants_file).authenticate(kept).id == "acme"
