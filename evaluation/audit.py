@@ -25,9 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from evaluation.audit_stats import fit_pvalue, lower_bound, range_bound, ratio_bound
-from sentdp.accounting import charge_for, epsilon_of_charge
+from sentdp.accounting import PURE, ZCDP, charge_for, epsilon_of_charge
 from sentdp.bundle import Bundle
 from sentdp.encoders import Encoder, recode
+from sentdp.errors import SentDPError
 from sentdp.text import SentenceSplitter, TextLimits, split_document
 
 Document = list[str] | str
@@ -347,8 +348,24 @@ def tenant_accounting(url: str, key: str) -> str:
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:  # as the sampler
         reply = http.post("/budget", json={"user": "audit-accounting"})
     reply.raise_for_status()
-    accounting: str = reply.json()["accounting"]
-    return accounting
+    try:
+        accounting = reply.json()["accounting"]
+    except (ValueError, KeyError, TypeError):
+        raise UnexpectedAnswerError("/budget answered without an accountant") from None
+    if accounting not in ACCOUNTANTS:
+        raise UnexpectedAnswerError(
+            f"/budget named the accountant {str(accounting)[:40]!r}, not one of {ACCOUNTANTS}"
+        )
+    return str(accounting)
+
+
+ACCOUNTANTS = (PURE, ZCDP)
+
+
+class UnexpectedAnswerError(SentDPError):
+    """The deployment answered 2xx with something that is not sentdp's answer (another
+    service at the URL, a proxy's page, a version that answers otherwise): the audit stops
+    rather than scoring samples it did not get."""
 
 
 def http_sampler(
@@ -390,11 +407,18 @@ def http_sampler(
                 break
             time.sleep(float(response.headers.get("Retry-After", 1)))
         response.raise_for_status()
-        documents = response.json()["documents"]
-        drawn = [
-            label_index[d["label"]] if labels is not None else int(d["candidate"])
-            for d in documents
-        ]
+        try:
+            documents = response.json()["documents"]
+            drawn = [
+                label_index[d["label"]] if labels is not None else int(d["candidate"])
+                for d in documents
+            ]
+        except (ValueError, KeyError, TypeError):
+            raise UnexpectedAnswerError(f"{path} answered without a sample per document") from None
+        if len(drawn) != size:
+            raise UnexpectedAnswerError(
+                f"{path} answered {len(drawn)} documents for the {size} it was sent"
+            )
         if progress is not None:
             progress(len(drawn))
         return drawn

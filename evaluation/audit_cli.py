@@ -28,6 +28,8 @@ from evaluation.audit import (
 )
 from sentdp.accounting import ZCDP
 from sentdp.encoders import open_encoder
+from sentdp.errors import SentDPError
+from training.console import plain_console
 from training.datasets import bbc_news_texts
 from training.settings import load_settings
 from training.store import load_from_store
@@ -77,12 +79,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--confidence must be between 0 and 1")
     if not args.key_file.is_file():
         parser.error(f"no key file at {args.key_file}")
+    key = args.key_file.read_text(encoding="utf-8", errors="replace").strip()
+    if not key or not all(c.isprintable() and not c.isspace() for c in key):
+        # never echoed: a key with a stray line is still a secret
+        parser.error(f"{args.key_file} must hold one API key on one line, and nothing else")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    console = Console(stderr=True)
+    console = plain_console()
+    try:
+        _audit(args, argv, console)
+    except SentDPError as error:  # a bad value, an unknown model, an answer that is not sentdp's
+        console.print(f"sentdp-audit: {error}", style="red")
+        sys.exit(2)
+
+
+def _audit(args: argparse.Namespace, argv: list[str] | None, console: Console) -> None:
     settings = load_settings()
     bundle = load_from_store(args.model)
     bundle.check_encoder()

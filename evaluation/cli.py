@@ -17,6 +17,7 @@ from evaluation.report import RESULTS, read_results, write_report
 from evaluation.results import EvaluationResults
 from sentdp.bundle import Bundle
 from sentdp.errors import SentDPError
+from training.console import plain_console
 from training.settings import load_settings
 from training.store import load_from_store
 
@@ -59,7 +60,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help=f"only redraw report.md and the plots from the --out folder's {RESULTS}",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.trials < 1 or args.mdp_documents < 1:
+        parser.error("--trials and --mdp-documents must be at least 1")
+    if not all(0 < e < float("inf") for e in [*args.epsilons, args.k_epsilon]):
+        parser.error("--epsilons and --k-epsilon must be finite and above 0")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file, not a folder")
+    return args
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
@@ -83,13 +91,13 @@ def _previous_results(
 
 
 def fail(console: Console, message: str) -> NoReturn:
-    console.print(f"[red]sentdp-eval: {message}[/red]")
+    console.print(f"sentdp-eval: {message}", style="red")
     sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    console = Console(stderr=True)
+    console = plain_console()
     if args.render_only:
         if args.out is None or not (args.out / RESULTS).is_file():
             fail(console, f"--render-only needs --out with a {RESULTS}")

@@ -3,12 +3,19 @@ with a message and exit status 2, never a traceback."""
 
 from __future__ import annotations
 
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
 import httpx
 import pytest
 from rich.console import Console
 
-from evaluation.audit import tenant_accounting
-from evaluation.audit_cli import _http_errors
+from evaluation.audit import UnexpectedAnswerError, http_sampler, tenant_accounting
+from evaluation.audit_cli import _http_errors, parse_args
 
 
 def test_an_unreachable_deployment_is_a_message_and_status_2() -> None:
@@ -31,3 +38,71 @@ def test_a_refusal_names_what_was_refused() -> None:
         refused.raise_for_status()
     assert exited.value.code == 2
     assert "refused /budget: HTTP 401 unauthorized: unknown key" in console.export_text()
+
+
+class _NotSentdp(http.server.BaseHTTPRequestHandler):
+    """A service at the audited URL that answers 200 with something else than sentdp's
+    answers: an unknown accountant, and no documents."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = {"accounting": "rdp"} if self.path == "/budget" else {"documents": []}
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_answers_that_are_not_sentdp_s_stop_the_audit_instead_of_passing_it() -> None:
+    """An audit scores the samples it was sent back: a deployment answering no documents (or
+    an accountant sentdp does not have) must end it, not leave it with nothing to flag."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotSentdp)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(UnexpectedAnswerError, match="accountant 'rdp'"):
+            tenant_accounting(url, "sdp_key")
+        sample = http_sampler(url, "sdp_key", batch=4, concurrency=1)
+        with pytest.raises(UnexpectedAnswerError, match="answered 0 documents for the 3"):
+            sample(["One sentence.", "Another one."], 1.0, 3)
+    finally:
+        server.shutdown()
+
+
+def test_a_key_file_must_hold_one_key_and_is_never_echoed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for content in ("sdp_first\nsdp_second\n", "sdp_a\x01b", "\n"):
+        key_file = tmp_path / "key.txt"
+        key_file.write_text(content)
+        with pytest.raises(SystemExit) as exited:
+            parse_args(["--url", "http://x", "--key-file", str(key_file), "--model", "m"])
+        assert exited.value.code == 2
+        error = capsys.readouterr().err
+        assert "must hold one API key on one line" in error
+        assert "sdp_" not in error.replace(str(tmp_path), "")
+
+
+def test_an_unknown_model_is_a_message_and_status_2(tmp_path: Path) -> None:
+    key_file = tmp_path / "key.txt"
+    key_file.write_text("sdp_key\n")
+    for command in (
+        ["evaluation.audit_cli", "--url", "http://127.0.0.1:9", "--key-file", str(key_file)],
+        ["evaluation.cli"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", *command, "--model", "no-such-model"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        assert result.returncode == 2, result.stderr
+        assert "no model 'no-such-model' in the BentoML store" in result.stderr
+        assert "Traceback" not in result.stderr
