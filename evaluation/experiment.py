@@ -37,6 +37,7 @@ from evaluation.results import (
 )
 from sentdp.bundle import Bundle, PChoice
 from sentdp.encoders import Encoder, open_encoder, recode
+from sentdp.errors import InputError
 from sentdp.mechanism import DeepCandidate, mechanism_epsilon
 from sentdp.sampling import plan_selection
 from training.classifiers import macro_f1, train_classifier
@@ -86,8 +87,15 @@ def evaluation_corpus(bundle: Bundle, settings: TrainingSettings) -> tuple[Corpu
         per_class=extra.get("per_class"),
         seed=bundle.manifest.corpus.split_seed,
         corpus_is_public=bundle.manifest.corpus.is_public,
+        text_column=str(extra.get("text_column", "text")),
+        label_column=str(extra.get("label_column", "label")),
     )
     corpus = load_corpus(spec, settings)
+    if corpus.sha256 != bundle.manifest.corpus.sha256:  # its test split is other documents
+        raise InputError(
+            f"{spec.dataset} is not the file {bundle.manifest.name} was trained on (sha256 "
+            f"{corpus.sha256[:12]}..., trained on {bundle.manifest.corpus.sha256[:12]}...)"
+        )
     return corpus, stratified_splits(corpus, bundle.manifest.corpus.split_seed)
 
 

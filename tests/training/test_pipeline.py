@@ -15,6 +15,7 @@ import pytest
 from sentdp.bundle import Bundle
 from sentdp.errors import InputError
 from sentdp.text import TextLimits
+from tests.support import REPO
 from training.datasets import REGISTRY, load_user_corpus, stratified_splits
 from training.pipeline import TrainConfig, run_training
 from training.settings import load_settings
@@ -277,14 +278,26 @@ def test_cli_errors_are_shown_as_written_and_a_bad_tag_is_refused_before_trainin
         assert "Traceback" not in result.stderr
 
 
-def test_an_int8_bundle_records_and_carries_its_encoder(tmp_path: Path) -> None:
+def test_an_int8_bundle_records_and_carries_its_encoder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also: a user corpus given by a relative path, with columns of its own, is found again
+    by sentdp-eval from another folder, and a changed file is refused there."""
+    from evaluation.experiment import evaluation_corpus
+
     corpus = REGISTRY["bbc-news"](load_settings().cache_dir, TextLimits())
     path = tmp_path / "int8.jsonl"
     rows = [d for d in corpus.documents if d.label == "business"][:40]
     rows += [d for d in corpus.documents if d.label == "tech"][:40]
-    write_jsonl(path, [{"text": " ".join(d.sentences), "label": d.label} for d in rows])
+    write_jsonl(path, [{"body": " ".join(d.sentences), "topic": d.label} for d in rows])
+    monkeypatch.chdir(tmp_path)
     config = TrainConfig(
-        dataset=str(path), corpus_is_public=True, encoder_backend="onnx-int8", prototypes=()
+        dataset="int8.jsonl",
+        corpus_is_public=True,
+        encoder_backend="onnx-int8",
+        prototypes=(),
+        text_column="body",
+        label_column="topic",
     ).quick()
     report = run_training(config, load_settings())
     bundle = report.bundle
@@ -294,6 +307,16 @@ def test_an_int8_bundle_records_and_carries_its_encoder(tmp_path: Path) -> None:
     stored.check_encoder("onnx-int8")
     with pytest.raises(InputError, match="cannot serve with torch"):
         stored.check_encoder("torch")
+    assert stored.manifest.extra["dataset"] == str(path.resolve())
+    monkeypatch.chdir(REPO)
+    again, splits = evaluation_corpus(stored, load_settings())
+    assert len(again.documents) == stored.manifest.corpus.documents
+    assert again.labels == stored.manifest.corpus.labels
+    assert splits.sizes() == stored.manifest.corpus.splits
+    with path.open("a") as changed:
+        changed.write(json.dumps({"body": "One more. And another.", "topic": "tech"}) + "\n")
+    with pytest.raises(InputError, match=r"is not the file .* was trained on"):
+        evaluation_corpus(stored, load_settings())
 
 
 def test_one_sentence_documents_are_kept_out_of_the_splits_but_not_lost(tmp_path: Path) -> None:
