@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -212,13 +214,25 @@ def print_report(report: TrainReport, console: Console) -> None:
 def main(argv: list[str] | None = None) -> None:
     console = plain_console()
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the staged bundle (its training vocabulary among it) and
+    # other scratch folders are removed instead of left in the temporary directory.
+    signal.signal(signal.SIGTERM, _stop)
     try:
-        report = run_training(config_from_args(args), load_settings(), console)
+        settings = load_settings()
+    except ValidationError as error:
+        console.print(f"sentdp-train: a SENTDP_* setting is not valid: {error}", style="red")
+        sys.exit(2)
+    try:
+        report = run_training(config_from_args(args), settings, console)
     except SentDPError as error:
         console.print(f"sentdp-train: {error}", style="red")
         sys.exit(2)
     print_report(report, console)
     print(report.tag)
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

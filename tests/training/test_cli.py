@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
-from training.cli import config_from_args, parse_args
+import pytest
+
+from tests.support import REPO
+from training.cli import _stop, config_from_args, main, parse_args
 from training.pipeline import TrainConfig
 
 
@@ -38,3 +45,28 @@ def test_the_selection_flag_decides_whether_the_p_table_may_pick_the_mean_rule()
     assert uses_mean("--recipe", "mixed")
     assert uses_mean("--selection", "both")
     assert not uses_mean("--recipe", "mixed", "--selection", "depth")
+
+
+def test_sigterm_unwinds_so_the_staged_bundle_is_removed(tmp_path: Path) -> None:
+    """A training stopped by SIGTERM (a container's stop, a CI timeout) must not leave its
+    staged bundle, which holds the training vocabulary, in the temporary folder."""
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit):
+            main(["--dataset", str(tmp_path / "missing.csv"), "--corpus-is-public"])
+        assert signal.getsignal(signal.SIGTERM) is _stop
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    script = (
+        "import os, signal, sys, tempfile, time\n"
+        "from training.cli import _stop\n"
+        "signal.signal(signal.SIGTERM, _stop)\n"
+        "with tempfile.TemporaryDirectory(prefix='sentdp-bundle-', dir=sys.argv[1]):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+    )
+    ended = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], check=False, timeout=60, cwd=REPO
+    )
+    assert ended.returncode == 128 + signal.SIGTERM
+    assert not list(tmp_path.glob("sentdp-bundle-*"))
