@@ -65,9 +65,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--trials and --mdp-documents must be at least 1")
     if not all(0 < e < float("inf") for e in [*args.epsilons, args.k_epsilon]):
         parser.error("--epsilons and --k-epsilon must be finite and above 0")
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {args.out} is a file, not a folder")
+    if args.out is not None:
+        try:  # now, not after an evaluation of hours whose results would then be lost
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            parser.error(f"--out {args.out} cannot be a report folder: {error.strerror}")
     return args
+
+
+def _read_results(folder: Path, console: Console) -> EvaluationResults:
+    """The ``results.json`` of a report folder, or a message naming it."""
+    try:
+        return read_results(folder)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        fail(console, f"{folder / RESULTS} cannot be read as sentdp-eval's results: {error!r}")
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
@@ -87,7 +98,7 @@ def _previous_results(
     folder = out or Path("reports") / bundles[0].manifest.corpus.name
     if not (folder / RESULTS).is_file():
         fail(console, f"--labels-only needs a {RESULTS} in {folder} (or --out) to update")
-    return read_results(folder)
+    return _read_results(folder, console)
 
 
 def fail(console: Console, message: str) -> NoReturn:
@@ -101,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.render_only:
         if args.out is None or not (args.out / RESULTS).is_file():
             fail(console, f"--render-only needs --out with a {RESULTS}")
-        for path in write_report(read_results(args.out), args.out):
+        for path in write_report(_read_results(args.out, console), args.out):
             console.print(f"wrote {path}")
         return
     if not args.model:

@@ -52,3 +52,30 @@ def test_results_whose_sweep_misses_a_method_are_refused() -> None:
     del data["eps_sweep"]["word_mdp"]
     with pytest.raises(ValueError, match="epsilon sweep scores"):
         EvaluationResults.from_json(data)
+
+
+def test_results_that_are_not_sentdp_eval_s_are_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for content in ("{not json", "[]", '{"corpus": 5}'):
+        (tmp_path / "results.json").write_text(content)
+        with pytest.raises(SystemExit) as exited:
+            main(["--render-only", "--out", str(tmp_path)])
+        assert exited.value.code == 2
+        error = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+        assert "results.json cannot be read as sentdp-eval's results" in error
+
+
+def test_bad_flags_are_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    for flags in (
+        ["--trials", "0"],
+        ["--epsilons", "1", "nan", "--k-epsilon", "1"],
+        ["--out", str(tmp_path / "a-file")],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            parse_args(["--model", "m", *flags])
+        assert exited.value.code == 2
+    assert "cannot be a report folder" in capsys.readouterr().err
