@@ -291,6 +291,11 @@ def load_user_corpus(
         text, label = row.get(text_column), row.get(label_column)
         if not isinstance(text, str) or label is None or str(label).strip() == "":
             raise InputError(f"row {number + 1} of {path} lacks text or a label")
+        if not isinstance(label, str | int | float):  # a list or an object has no one class
+            raise InputError(
+                f"row {number + 1} of {path}: the label is a {type(label).__name__}, not a "
+                "text or a number"
+            )
         documents.append(
             Document(f"row-{number:06d}", _split_text(text, splitter, limits), str(label).strip())
         )
@@ -355,6 +360,12 @@ def _csv_rows(path: Path, delimiter: str) -> list[dict[str, object]]:
         with path.open(encoding="utf-8-sig", newline="") as handle:
             reader = csv.DictReader(handle, delimiter=delimiter)
             try:
+                names = reader.fieldnames or []
+                twice = sorted({name for name in names if names.count(name) > 1})
+                if twice:  # DictReader would keep the last column of each name, silently
+                    raise InputError(
+                        f"{path}'s header names {_shown_columns(dict.fromkeys(twice))} twice"
+                    )
                 return list(reader)
             except csv.Error as error:
                 raise InputError(

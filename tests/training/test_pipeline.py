@@ -331,3 +331,15 @@ def test_one_sentence_documents_are_kept_out_of_the_splits_but_not_lost(tmp_path
     assert [d.sentences for d in corpus.short] == [("Only one here.",), ("Another lone one!",)]
     assert corpus.removed_short == 3  # the empty text counts as removed, not kept aside
     assert corpus.removed_duplicates == 1
+
+
+def test_a_column_named_twice_or_a_label_that_is_not_one_value_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "twice.csv"
+    path.write_text("text,label,text\nOne here. Two there.,a,Other.\n")
+    with pytest.raises(InputError, match=r"header names \['text'\] twice"):
+        load_user_corpus(path, "text", "label", True, TextLimits())
+    rows = [{"text": "One here. Two there.", "label": ["sport"]}]
+    with pytest.raises(InputError, match=r"row 1 of .*: the label is a list"):
+        load_user_corpus(
+            write_jsonl(tmp_path / "l.jsonl", rows), "text", "label", True, TextLimits()
+        )
