@@ -106,12 +106,16 @@ def add_key(
     budget: float,
     accountant: dict[str, Any] | None = None,
     policy_given: Sequence[str] = (),
+    key: str | None = None,
 ) -> str:
-    """Add a key (and the tenant, if new, with its ``accountant`` fields: composition,
-    accounting, delta, period_days) to the tenants file; return the key. ``policy_given``
-    names the options the caller set: refused for a tenant that exists, never ignored."""
+    """Add a key (``key``, else a new one; and the tenant, if new, with its ``accountant``
+    fields: composition, accounting, delta, period_days) to the tenants file; return the key.
+    ``policy_given`` names the options the caller set: refused for a tenant that exists,
+    never ignored."""
     with _editing(path):
-        return _add_key(path, tenant_id, max_epsilon, group_size, budget, accountant, policy_given)
+        return _add_key(
+            path, tenant_id, max_epsilon, group_size, budget, accountant, policy_given, key
+        )
 
 
 def _add_key(
@@ -122,8 +126,9 @@ def _add_key(
     budget: float,
     accountant: dict[str, Any] | None,
     policy_given: Sequence[str],
+    key: str | None = None,
 ) -> str:
-    key = new_key()
+    key = key or new_key()
     tenants = _read(path)
     existing = {t.id: t for t in tenants.tenants}
     if tenant_id in existing and policy_given:
@@ -315,10 +320,21 @@ def main(argv: list[str] | None = None) -> None:
             )
     try:
         _on_ledger(args, settings.ledger_url, settings.ledger_schema, known)
-    except _database_errors() as error:  # its message names no password (psycopg, sqlite3)
-        raise SystemExit(
-            f"sentdp-admin: the ledger failed: {type(error).__name__}: {error}"
-        ) from None
+    except _database_errors() as error:
+        raise SystemExit(f"sentdp-admin: the ledger failed: {_database_problem(error)}") from None
+
+
+def _database_problem(error: Exception) -> str:
+    """What a driver's error says, where that cannot hold a password: SQLite's messages
+    name no URL, while libpq's quote parts of a URL it cannot parse (a password with a raw
+    ``%`` or ``@``), so PostgreSQL's are not shown."""
+    if isinstance(error, sqlite3.Error):
+        return f"{type(error).__name__}: {error}"
+    return (
+        f"{type(error).__name__} from PostgreSQL (its message is not shown: it can quote "
+        "SENTDP_LEDGER_URL, password included); check that the server is running and that the "
+        "URL is valid, with special characters of the password percent-encoded"
+    )
 
 
 def _database_errors() -> tuple[type[Exception], ...]:
@@ -418,8 +434,18 @@ def new_tenant_key(args: argparse.Namespace, tenants_file: Path) -> None:
         value = getattr(args, name)
         return NEW_TENANT[name] if value is None else value
 
+    # The key file first: a key is valid only once its holder has it.
+    secret = new_key()
+    if args.key_file:
+        try:
+            write_private(args.key_file, secret + "\n")
+        except OSError as error:
+            raise SystemExit(
+                f"sentdp-admin: cannot write the key file {args.key_file}: "
+                f"{error.strerror or error}; nothing was changed"
+            ) from None
     try:
-        secret = add_key(
+        add_key(
             tenants_file,
             args.tenant,
             given_or_default("max_epsilon"),
@@ -427,18 +453,14 @@ def new_tenant_key(args: argparse.Namespace, tenants_file: Path) -> None:
             given_or_default("budget"),
             accountant,
             given,
+            secret,
         )
-    except ValueError as error:
-        raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None
-    if args.key_file:
-        try:
-            write_private(args.key_file, secret + "\n")
-        except OSError as error:  # a key nobody holds must not stay valid
-            revoke_keys(tenants_file, args.tenant, secret)
-            raise SystemExit(
-                f"sentdp-admin: cannot write the key file {args.key_file}: "
-                f"{error.strerror or error}; the new key was revoked, run new-key again"
-            ) from None
+    except BaseException as error:  # the key was not added: its file must not suggest it was
+        if args.key_file:
+            args.key_file.unlink(missing_ok=True)
+        if isinstance(error, ValueError):
+            raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None
+        raise
     print(secret)
     print(f"tenant {args.tenant} saved in {tenants_file}", file=sys.stderr)
 

@@ -308,6 +308,21 @@ def test_a_ledger_url_s_password_is_never_printed(
     assert "SuperSecretPw" not in str(ended.value.code)
 
 
+def test_postgresql_s_messages_which_can_quote_the_password_are_not_shown(
+    tenants_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("psycopg")
+    new_key("acme", capsys)
+    for url in (
+        "postgresql://sentdp:p%zzSecret@127.0.0.1:1/ledger",  # libpq quotes the bad token
+        "postgresql://sentdp:p@Secret@127.0.0.1:1/ledger",  # and the host it cannot resolve
+    ):
+        monkeypatch.setenv("SENTDP_LEDGER_URL", url)
+        with pytest.raises(SystemExit, match=r"PostgreSQL \(its message is not") as ended:
+            main(["purge"])
+        assert "Secret" not in str(ended.value.code)
+
+
 def test_a_ledger_file_that_is_not_a_database_is_a_message(
     tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -320,14 +335,19 @@ def test_a_ledger_file_that_is_not_a_database_is_a_message(
 def test_a_key_file_that_cannot_be_written_leaves_no_valid_key(
     tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The key is printed only once written: a key file that cannot be written revokes the
-    key just added, so no key stays valid that nobody holds."""
+    """The key file is written before the key is added, so no key is ever valid that nobody
+    holds; a key that is then refused takes its file with it."""
     kept = new_key("acme", capsys)
+    before = tenants_file.read_bytes()
     (tmp_path / "a-folder").mkdir()
-    with pytest.raises(SystemExit, match=r"cannot write the key file .*the new key was revoked"):
-        main(["new-key", "--tenant", "acme", "--key-file", str(tmp_path / "a-folder")])
+    for tenant in ("acme", "new-tenant"):
+        with pytest.raises(SystemExit, match=r"cannot write the key file .*nothing was changed"):
+            main(["new-key", "--tenant", tenant, "--key-file", str(tmp_path / "a-folder")])
     assert capsys.readouterr().out == ""  # never printed
-    tenant = TenantRegistry.load(tenants_file).get("acme")
-    assert tenant is not None
-    assert len(tenant.key_sha256) == 1
+    assert tenants_file.read_bytes() == before
     assert TenantRegistry.load(tenants_file).authenticate(kept).id == "acme"
+    key_file = tmp_path / "keys" / "refused"
+    with pytest.raises(SystemExit, match="tenant 'acme' exists"):
+        main(["new-key", "--tenant", "acme", "--budget", "3", "--key-file", str(key_file)])
+    assert not key_file.exists()
+    assert tenants_file.read_bytes() == before
