@@ -37,6 +37,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "recipe and a task-tuned one); all are scored on the same test documents",
     )
     parser.add_argument("--out", type=Path, help="report folder (default reports/<corpus>)")
+    parser.add_argument(
+        "--dataset",
+        help="the corpus file, if it is no longer at the path the bundle was trained with "
+        "(its sha256 must match the bundle's)",
+    )
     parser.add_argument("--trials", type=int, default=DEFAULTS["trials"])
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(DEFAULTS["epsilons"]))
     parser.add_argument("--k-epsilon", type=float, default=DEFAULTS["k_epsilon"])
@@ -88,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         k_epsilon=args.k_epsilon,
         mdp_documents=args.mdp_documents,
         baselines=tuple(args.baselines),
+        dataset=args.dataset,
     )
     return config.quick() if args.quick else config
 

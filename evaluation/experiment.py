@@ -65,6 +65,9 @@ class EvalConfig:
     max_test_documents: int | None = None
     baselines: tuple[str, ...] = ("truncation", "word_mdp")
     """Private baselines to run (word-level metric DP is the slow one)."""
+    dataset: str | None = None
+    """The corpus file, where it is not at the path the bundle was trained with (its sha256
+    must still be the trained one's)."""
 
     def quick(self) -> EvalConfig:
         """A small, fast evaluation for tests and smoke runs (same code path)."""
@@ -79,11 +82,14 @@ class Predictions:
     trials: list[npt.NDArray[np.int64]] = field(default_factory=list)
 
 
-def evaluation_corpus(bundle: Bundle, settings: TrainingSettings) -> tuple[Corpus, Splits]:
-    """The bundle's corpus and splits, rebuilt exactly as at training time."""
+def evaluation_corpus(
+    bundle: Bundle, settings: TrainingSettings, dataset: str | None = None
+) -> tuple[Corpus, Splits]:
+    """The bundle's corpus and splits, rebuilt exactly as at training time (from ``dataset``
+    if given: the same file moved)."""
     extra = bundle.manifest.extra
     spec = CorpusSpec(
-        dataset=str(extra.get("dataset", bundle.manifest.corpus.name)),
+        dataset=dataset or str(extra.get("dataset", bundle.manifest.corpus.name)),
         per_class=extra.get("per_class"),
         seed=bundle.manifest.corpus.split_seed,
         corpus_is_public=bundle.manifest.corpus.is_public,
@@ -259,7 +265,7 @@ def _experiment(
     seed_everything(config.seed, settings.threads)
     _check_same_corpus(bundles)
     bundle = bundles[0]
-    corpus, splits = evaluation_corpus(bundle, settings)
+    corpus, splits = evaluation_corpus(bundle, settings, config.dataset)
     bundle.check_encoder()
     encoder = open_encoder(
         bundle.encoder_dir,

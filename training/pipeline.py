@@ -8,7 +8,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,7 @@ from training.candidates import choose_candidates
 from training.classifiers import train_classifier
 from training.console import plain_console
 from training.corpora import CorpusSpec, load_corpus
-from training.datasets import REGISTRY, Corpus, Splits, stratified_splits
+from training.datasets import Corpus, Splits, stratified_splits
 from training.embeddings import CorpusEmbeddings, embed_corpus
 from training.label_vote import train_vote, with_label_choice
 from training.nets import seed_everything
@@ -161,14 +160,6 @@ def model_name(config: TrainConfig, corpus: Corpus) -> str:
         return config.name
     suffix = "" if config.recipe == "paper" else f"-{config.recipe}"
     return f"sentdp-{corpus.name}{suffix}"
-
-
-def stored_dataset(dataset: str) -> str:
-    """How the bundle names its corpus for ``sentdp-eval``: a registered name as it is, a
-    user file by its absolute path (a relative one would depend on where eval runs)."""
-    if dataset in REGISTRY or not Path(dataset).exists():
-        return dataset
-    return str(Path(dataset).resolve())
 
 
 def library_versions() -> dict[str, str]:
@@ -490,7 +481,7 @@ def bundle_manifest(
         scores=scores,
         versions=library_versions(),
         extra={
-            "dataset": stored_dataset(config.dataset),
+            "dataset": config.dataset,
             "text_column": config.text_column,
             "label_column": config.label_column,
             "per_class": config.per_class,

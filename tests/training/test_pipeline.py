@@ -281,8 +281,8 @@ def test_cli_errors_are_shown_as_written_and_a_bad_tag_is_refused_before_trainin
 def test_an_int8_bundle_records_and_carries_its_encoder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Also: a user corpus given by a relative path, with columns of its own, is found again
-    by sentdp-eval from another folder, and a changed file is refused there."""
+    """Also: a user corpus with columns of its own is read again by sentdp-eval with them,
+    from another folder with --dataset, and a changed file is refused there."""
     from evaluation.experiment import evaluation_corpus
 
     corpus = REGISTRY["bbc-news"](load_settings().cache_dir, TextLimits())
@@ -307,16 +307,17 @@ def test_an_int8_bundle_records_and_carries_its_encoder(
     stored.check_encoder("onnx-int8")
     with pytest.raises(InputError, match="cannot serve with torch"):
         stored.check_encoder("torch")
-    assert stored.manifest.extra["dataset"] == str(path.resolve())
-    monkeypatch.chdir(REPO)
-    again, splits = evaluation_corpus(stored, load_settings())
+    monkeypatch.chdir(REPO)  # the relative path no longer reaches it: --dataset does
+    with pytest.raises(InputError, match=r"unknown dataset 'int8\.jsonl'"):
+        evaluation_corpus(stored, load_settings())
+    again, splits = evaluation_corpus(stored, load_settings(), str(path))
     assert len(again.documents) == stored.manifest.corpus.documents
     assert again.labels == stored.manifest.corpus.labels
     assert splits.sizes() == stored.manifest.corpus.splits
     with path.open("a") as changed:
         changed.write(json.dumps({"body": "One more. And another.", "topic": "tech"}) + "\n")
     with pytest.raises(InputError, match=r"is not the file .* was trained on"):
-        evaluation_corpus(stored, load_settings())
+        evaluation_corpus(stored, load_settings(), str(path))
 
 
 def test_one_sentence_documents_are_kept_out_of_the_splits_but_not_lost(tmp_path: Path) -> None:
