@@ -277,7 +277,7 @@ def load_user_corpus(
         )
     if not path.is_file():
         raise InputError(f"no such corpus file: {path}")
-    rows = _read_rows(path)
+    rows = _read_rows(path, (text_column, label_column))
     if not rows:
         raise InputError(f"{path} holds no documents")
     for column in (text_column, label_column):
@@ -324,7 +324,7 @@ CSV_FIELD_LIMIT = 64 * 1024 * 1024
 e-mail thread exceeds)."""
 
 
-def _read_rows(path: Path) -> list[dict[str, object]]:
+def _read_rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, object]]:
     """The rows of a CSV, TSV or JSONL corpus; every problem ends in an InputError that names
     the line."""
     suffix = path.suffix.lower()
@@ -332,7 +332,7 @@ def _read_rows(path: Path) -> list[dict[str, object]]:
         if suffix in {".jsonl", ".ndjson"}:
             return _json_rows(path)
         if suffix in {".csv", ".tsv"}:
-            return _csv_rows(path, "\t" if suffix == ".tsv" else ",")
+            return _csv_rows(path, "\t" if suffix == ".tsv" else ",", columns)
     except UnicodeDecodeError as error:
         raise InputError(f"{path} is not UTF-8 text (byte {error.start})") from None
     except OSError as error:  # unreadable: permissions, a device, an I/O error
@@ -354,15 +354,15 @@ def _json_rows(path: Path) -> list[dict[str, object]]:
     return rows
 
 
-def _csv_rows(path: Path, delimiter: str) -> list[dict[str, object]]:
+def _csv_rows(path: Path, delimiter: str, columns: tuple[str, ...]) -> list[dict[str, object]]:
     previous = csv.field_size_limit(CSV_FIELD_LIMIT)
     try:
         with path.open(encoding="utf-8-sig", newline="") as handle:
             reader = csv.DictReader(handle, delimiter=delimiter)
             try:
                 names = reader.fieldnames or []
-                twice = sorted({name for name in names if names.count(name) > 1})
-                if twice:  # DictReader would keep the last column of each name, silently
+                twice = sorted({name for name in columns if names.count(name) > 1})
+                if twice:  # DictReader would read the last column of that name, silently
                     raise InputError(
                         f"{path}'s header names {_shown_columns(dict.fromkeys(twice))} twice"
                     )

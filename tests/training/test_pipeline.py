@@ -339,6 +339,8 @@ def test_a_column_named_twice_or_a_label_that_is_not_one_value_is_refused(tmp_pa
     path.write_text("text,label,text\nOne here. Two there.,a,Other.\n")
     with pytest.raises(InputError, match=r"header names \['text'\] twice"):
         load_user_corpus(path, "text", "label", True, TextLimits())
+    path.write_text("text,label,,\nOne here. Two there.,a,,\n")  # a spreadsheet's blank columns
+    assert len(load_user_corpus(path, "text", "label", True, TextLimits()).documents) == 1
     rows = [{"text": "One here. Two there.", "label": ["sport"]}]
     with pytest.raises(InputError, match=r"row 1 of .*: the label is a list"):
         load_user_corpus(
