@@ -79,10 +79,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--confidence must be between 0 and 1")
     if not args.key_file.is_file():
         parser.error(f"no key file at {args.key_file}")
-    key = args.key_file.read_text(encoding="utf-8", errors="replace").strip()
-    if not key or not all(c.isprintable() and not c.isspace() for c in key):
+    try:
+        key = args.key_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        key = ""
+    if not key or not key.isascii() or not all(c.isprintable() and c != " " for c in key):
         # never echoed: a key with a stray line is still a secret
         parser.error(f"{args.key_file} must hold one API key on one line, and nothing else")
+    args.key = key
     return args
 
 
@@ -101,7 +105,7 @@ def _audit(args: argparse.Namespace, argv: list[str] | None, console: Console) -
     bundle = load_from_store(args.model)
     bundle.check_encoder()
     with _http_errors(console, args.url, "/budget"):
-        accounting = tenant_accounting(args.url, args.key_file.read_text().strip())
+        accounting = tenant_accounting(args.url, args.key)
     loss = ExactLoss(
         bundle,
         open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device),
@@ -171,7 +175,7 @@ def _run(
     with Progress(*columns, TimeRemainingColumn(), console=console) as progress:
         total = sum(2 * samples for _, samples, _ in plan)
         task = progress.add_task("privatizing", total=total)
-        key = args.key_file.read_text().strip()
+        key = args.key
         samplers = {
             endpoint: http_sampler(
                 args.url,

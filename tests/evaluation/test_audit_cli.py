@@ -44,7 +44,10 @@ class _NotSentdp(http.server.BaseHTTPRequestHandler):
     """A service at the audited URL that answers 200 with something else than sentdp's
     answers: an unknown accountant, and no documents."""
 
+    posts = 0
+
     def do_POST(self) -> None:
+        type(self).posts += 1
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         body = {"accounting": "rdp"} if self.path == "/budget" else {"documents": []}
         data = json.dumps(body).encode()
@@ -71,6 +74,11 @@ def test_answers_that_are_not_sentdp_s_stop_the_audit_instead_of_passing_it() ->
         sample = http_sampler(url, "sdp_key", batch=4, concurrency=1)
         with pytest.raises(UnexpectedAnswerError, match="answered 0 documents for the 3"):
             sample(["One sentence.", "Another one."], 1.0, 3)
+        _NotSentdp.posts = 0  # the requests not yet sent when the answer came are cancelled
+        one_by_one = http_sampler(url, "sdp_key", batch=1, concurrency=1)
+        with pytest.raises(UnexpectedAnswerError):
+            one_by_one(["One sentence.", "Another one."], 1.0, 50)
+        assert _NotSentdp.posts <= 2
     finally:
         server.shutdown()
 
@@ -78,9 +86,9 @@ def test_answers_that_are_not_sentdp_s_stop_the_audit_instead_of_passing_it() ->
 def test_a_key_file_must_hold_one_key_and_is_never_echoed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for content in ("sdp_first\nsdp_second\n", "sdp_a\x01b", "\n"):
+    for content in (b"sdp_first\nsdp_second\n", b"sdp_a\x01b", b"\n", b"sdp_\xc3\xa9", b"sdp_\xff"):
         key_file = tmp_path / "key.txt"
-        key_file.write_text(content)
+        key_file.write_bytes(content)
         with pytest.raises(SystemExit) as exited:
             parse_args(["--url", "http://x", "--key-file", str(key_file), "--model", "m"])
         assert exited.value.code == 2
