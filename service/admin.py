@@ -303,9 +303,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "revoke-key":
         try:
             key = args.key_file.read_text().strip() if args.key_file else args.key
-        except OSError as error:
+        except (OSError, UnicodeDecodeError) as error:
+            why = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
             raise SystemExit(
-                f"sentdp-admin: cannot read the key file {args.key_file}: {error.strerror}"
+                f"sentdp-admin: cannot read the key file {args.key_file}: {why}"
             ) from None
         removed = revoke_keys(settings.tenants_file, args.tenant, None if args.all else key)
         print(f"revoked {removed} key(s) of tenant {args.tenant}", file=sys.stderr)
