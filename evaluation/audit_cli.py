@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
@@ -28,7 +29,7 @@ from evaluation.audit import (
 )
 from sentdp.accounting import ZCDP
 from sentdp.encoders import open_encoder
-from sentdp.errors import SentDPError
+from sentdp.errors import InputError, SentDPError
 from training.console import plain_console
 from training.datasets import bbc_news_texts
 from training.settings import load_settings
@@ -101,7 +102,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _audit(args: argparse.Namespace, argv: list[str] | None, console: Console) -> None:
-    settings = load_settings()
+    try:
+        settings = load_settings()
+    except ValidationError as error:
+        raise InputError(f"a SENTDP_* setting is not valid: {error}") from None
     bundle = load_from_store(args.model)
     bundle.check_encoder()
     with _http_errors(console, args.url, "/budget"):

@@ -140,6 +140,8 @@ def _check_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     ):
         if any(value < 1 for value in values):
             parser.error(f"{flag} must be at least 1")
+    if args.out is not None and not args.out.strip():
+        parser.error("--out is empty: give a model name, or leave --out out for sentdp-<corpus>")
     if not 0 <= args.seed < SEED_LIMIT:
         parser.error(f"--seed must be in [0, {SEED_LIMIT})")
     if args.epsilons and not all(0 < e < float("inf") for e in args.epsilons):

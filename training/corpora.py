@@ -29,12 +29,18 @@ class CorpusSpec:
     limits: TextLimits = field(default_factory=TextLimits)
 
 
+CORPUS_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
+"""What a user corpus file's name ends with (a name without one may be a registered corpus)."""
+
+
 def load_corpus(spec: CorpusSpec, settings: TrainingSettings) -> Corpus:
     """The corpus ``spec`` names, subsampled to ``per_class`` documents per class if set."""
     if spec.dataset in REGISTRY:
         corpus = REGISTRY[spec.dataset](settings.cache_dir, spec.limits)
     else:
         path = Path(spec.dataset)
+        if not path.exists() and path.suffix.lower() in CORPUS_SUFFIXES:
+            raise InputError(f"no such corpus file: {path}")
         if not path.exists():
             raise InputError(
                 f"unknown dataset {spec.dataset!r}: use one of {sorted(REGISTRY)} or a path "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -114,3 +115,20 @@ def test_an_unknown_model_is_a_message_and_status_2(tmp_path: Path) -> None:
         assert result.returncode == 2, result.stderr
         assert "no model 'no-such-model' in the BentoML store" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_a_bad_setting_is_a_message_and_status_2(tmp_path: Path) -> None:
+    key_file = tmp_path / "key.txt"
+    key_file.write_text("sdp_key\n")
+    flags = ["--key-file", str(key_file), "--model", "m"]
+    result = subprocess.run(
+        [sys.executable, "-m", "evaluation.audit_cli", "--url", "http://127.0.0.1:9", *flags],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, "SENTDP_THREADS": "0"},
+    )
+    assert result.returncode == 2, result.stderr
+    assert "a SENTDP_* setting is not valid" in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr

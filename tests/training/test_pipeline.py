@@ -263,6 +263,8 @@ def test_cli_errors_are_shown_as_written_and_a_bad_tag_is_refused_before_trainin
         (["--dataset", "bbc-news", "--out", "a:b:c"], "--out 'a:b:c' is not a BentoML model tag"),
         (["--dataset", "bbc-news", "--out", "x:latest"], "'latest' names the newest version"),
         (["--dataset", "bbc-news", "--clusters", "0"], "--clusters must be at least 1"),
+        (["--dataset", "bbc-news", "--out", " "], "--out is empty"),
+        (["--dataset", str(tmp_path / "nosuch.csv"), "--corpus-is-public"], "no such corpus file"),
         (["--dataset", "bbc-news", "--epsilons", "1", "nan"], "--epsilons must be finite"),
     )
     for flags, message in cases:
@@ -308,7 +310,7 @@ def test_an_int8_bundle_records_and_carries_its_encoder(
     with pytest.raises(InputError, match="cannot serve with torch"):
         stored.check_encoder("torch")
     monkeypatch.chdir(REPO)  # the relative path no longer reaches it: --dataset does
-    with pytest.raises(InputError, match=r"unknown dataset 'int8\.jsonl'"):
+    with pytest.raises(InputError, match=r"no such corpus file: int8\.jsonl"):
         evaluation_corpus(stored, load_settings())
     again, splits = evaluation_corpus(stored, load_settings(), str(path))
     assert len(again.documents) == stored.manifest.corpus.documents
