@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from sentdp.bundle import Bundle
 from sentdp.errors import InputError
 from sentdp.text import TextLimits
 from tests.support import REPO
+from training.cli import main as train_main
 from training.datasets import REGISTRY, load_user_corpus, stratified_splits
 from training.pipeline import TrainConfig, run_training
 from training.settings import load_settings
@@ -250,7 +252,7 @@ def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> No
 
 
 def test_cli_errors_are_shown_as_written_and_a_bad_tag_is_refused_before_training(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Brackets in a file name or a CSV column are text, not rich markup (which crashed the
     message), and a model name the store would refuse stops the run before the corpus is
@@ -267,17 +269,16 @@ def test_cli_errors_are_shown_as_written_and_a_bad_tag_is_refused_before_trainin
         (["--dataset", str(tmp_path / "nosuch.csv"), "--corpus-is-public"], "no such corpus file"),
         (["--dataset", "bbc-news", "--epsilons", "1", "nan"], "--epsilons must be finite"),
     )
-    for flags, message in cases:
-        result = subprocess.run(
-            [sys.executable, "-m", "training.cli", *flags],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=120,
-        )
-        assert result.returncode == 2, result.stderr
-        assert message in " ".join(result.stderr.split()), result.stderr
-        assert "Traceback" not in result.stderr
+    before = signal.getsignal(signal.SIGTERM)  # main sets its own
+    try:
+        for flags, message in cases:  # in process: any other exception fails the test
+            with pytest.raises(SystemExit) as exited:
+                train_main(flags)
+            assert exited.value.code == 2
+            error = capsys.readouterr().err
+            assert message in " ".join(error.split()), error
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_an_int8_bundle_records_and_carries_its_encoder(
