@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
@@ -29,7 +28,7 @@ from evaluation.audit import (
 )
 from sentdp.accounting import ZCDP
 from sentdp.encoders import open_encoder
-from sentdp.errors import InputError, SentDPError
+from sentdp.errors import SentDPError
 from training.console import plain_console
 from training.datasets import bbc_news_texts
 from training.settings import load_settings
@@ -102,10 +101,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _audit(args: argparse.Namespace, argv: list[str] | None, console: Console) -> None:
-    try:
-        settings = load_settings()
-    except ValidationError as error:
-        raise InputError(f"a SENTDP_* setting is not valid: {error}") from None
+    settings = load_settings()
     bundle = load_from_store(args.model)
     bundle.check_encoder()
     with _http_errors(console, args.url, "/budget"):

@@ -8,7 +8,6 @@ import signal
 import sys
 from typing import Any
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -220,12 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     # other scratch folders are removed instead of left in the temporary directory.
     signal.signal(signal.SIGTERM, _stop)
     try:
-        settings = load_settings()
-    except ValidationError as error:
-        console.print(f"sentdp-train: a SENTDP_* setting is not valid: {error}", style="red")
-        sys.exit(2)
-    try:
-        report = run_training(config_from_args(args), settings, console)
+        report = run_training(config_from_args(args), load_settings(), console)
     except SentDPError as error:
         console.print(f"sentdp-train: {error}", style="red")
         sys.exit(2)

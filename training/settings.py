@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import platformdirs
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sentdp.encoders import named_device
+from sentdp.errors import InputError
 
 
 class TrainingSettings(BaseSettings):
@@ -33,5 +34,10 @@ class TrainingSettings(BaseSettings):
 
 
 def load_settings() -> TrainingSettings:
-    """Build the settings now (not at import time), so callers can set the environment first."""
-    return TrainingSettings()
+    """Build the settings now (not at import time), so callers can set the environment first;
+    a ``SENTDP_*`` variable that cannot be used is an :class:`~sentdp.errors.InputError`,
+    which every command line reports as a message."""
+    try:
+        return TrainingSettings()
+    except ValidationError as error:
+        raise InputError(f"a SENTDP_* setting is not valid: {error}") from None
