@@ -353,3 +353,32 @@ def logged_events(records: Iterable[logging.LogRecord], event: str) -> list[dict
     """The fields of every structured log event named ``event`` (:func:`service.logs.log_event`)."""
     fields = (getattr(record, "sentdp_fields", {}) for record in records)
     return [f for f in fields if f.get("event") == event]
+
+
+@contextlib.contextmanager
+def json_server(answer: Callable[[str], tuple[int, Any]]) -> Iterator[str]:
+    """A local HTTP server that answers every POST with ``answer(path)``, a status and a JSON
+    body: another service at a URL a client under test is given. Yields the URL."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Answering(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            status, body = answer(self.path)
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answering)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()

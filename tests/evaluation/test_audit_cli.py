@@ -3,9 +3,6 @@ with a message and exit status 2, never a traceback."""
 
 from __future__ import annotations
 
-import http.server
-import json
-import threading
 from pathlib import Path
 
 import httpx
@@ -16,6 +13,7 @@ from evaluation.audit import UnexpectedAnswerError, http_sampler, tenant_account
 from evaluation.audit_cli import _http_errors, parse_args
 from evaluation.audit_cli import main as audit_main
 from evaluation.cli import main as eval_main
+from tests.support import json_server
 
 
 def test_an_unreachable_deployment_is_a_message_and_status_2() -> None:
@@ -40,47 +38,26 @@ def test_a_refusal_names_what_was_refused() -> None:
     assert "refused /budget: HTTP 401 unauthorized: unknown key" in console.export_text()
 
 
-class _NotSentdp(http.server.BaseHTTPRequestHandler):
-    """A service at the audited URL that answers 200 with something else than sentdp's
-    answers: an unknown accountant, and no documents."""
-
-    posts = 0
-
-    def do_POST(self) -> None:
-        type(self).posts += 1
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = {"accounting": "rdp"} if self.path == "/budget" else {"documents": []}
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_answers_that_are_not_sentdp_s_stop_the_audit_instead_of_passing_it() -> None:
     """An audit scores the samples it was sent back: a deployment answering no documents (or
     an accountant sentdp does not have) must end it, not leave it with nothing to flag."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotSentdp)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    posts: list[str] = []
+
+    def not_sentdp(path: str) -> tuple[int, object]:
+        posts.append(path)
+        return 200, {"accounting": "rdp"} if path == "/budget" else {"documents": []}
+
+    with json_server(not_sentdp) as url:
         with pytest.raises(UnexpectedAnswerError, match="accountant 'rdp'"):
             tenant_accounting(url, "sdp_key")
         sample = http_sampler(url, "sdp_key", batch=4, concurrency=1)
         with pytest.raises(UnexpectedAnswerError, match="answered 0 documents for the 3"):
             sample(["One sentence.", "Another one."], 1.0, 3)
-        _NotSentdp.posts = 0  # the requests not yet sent when the answer came are cancelled
+        posts.clear()  # the requests not yet sent when the answer came are cancelled
         one_by_one = http_sampler(url, "sdp_key", batch=1, concurrency=1)
         with pytest.raises(UnexpectedAnswerError):
             one_by_one(["One sentence.", "Another one."], 1.0, 50)
-        assert _NotSentdp.posts <= 2
-    finally:
-        server.shutdown()
+        assert len(posts) <= 2
 
 
 def test_a_key_file_must_hold_one_key_and_is_never_echoed(

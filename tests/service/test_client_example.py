@@ -2,42 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from tests.support import json_server
 
-class Refusing(BaseHTTPRequestHandler):
-    """Answers every POST as sentdp answers a wrong API key."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = json.dumps(
-            {"error": {"code": "unauthorized", "message": "missing or unknown API key"}}
-        ).encode()
-        self.send_response(401)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+REFUSAL = {"error": {"code": "unauthorized", "message": "missing or unknown API key"}}
+"""How sentdp answers a wrong API key."""
 
 
 @pytest.fixture
 def refusing_url() -> Iterator[str]:
-    server = HTTPServer(("127.0.0.1", 0), Refusing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+    with json_server(lambda path: (401, REFUSAL)) as url:
+        yield url
 
 
 def test_a_wrong_key_ends_the_example_with_one_line_that_says_what_to_pass(
