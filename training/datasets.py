@@ -31,7 +31,7 @@ import tarfile
 import tempfile
 import zipfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -306,11 +306,11 @@ SHOWN_COLUMNS = 20
 SHOWN_COLUMN_CHARS = 40
 
 
-def _shown_columns(row: dict[str, object]) -> str:
-    """A row's column names for an error message, each cut to SHOWN_COLUMN_CHARS and at most
+def _shown_columns(columns: Iterable[str]) -> str:
+    """Column names for an error message, each cut to SHOWN_COLUMN_CHARS and at most
     SHOWN_COLUMNS of them: a file without a header row has its first document as column
     names, which must not be printed whole."""
-    names = sorted(str(name) for name in row)
+    names = sorted(str(name) for name in columns)
     shown = [
         name if len(name) <= SHOWN_COLUMN_CHARS else name[:SHOWN_COLUMN_CHARS] + "..."
         for name in names[:SHOWN_COLUMNS]
@@ -363,9 +363,7 @@ def _csv_rows(path: Path, delimiter: str, columns: tuple[str, ...]) -> list[dict
                 names = reader.fieldnames or []
                 twice = sorted({name for name in columns if names.count(name) > 1})
                 if twice:  # DictReader would read the last column of that name, silently
-                    raise InputError(
-                        f"{path}'s header names {_shown_columns(dict.fromkeys(twice))} twice"
-                    )
+                    raise InputError(f"{path}'s header names {_shown_columns(twice)} twice")
                 return list(reader)
             except csv.Error as error:
                 raise InputError(
