@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class SentDPError(Exception):
     """Base class of every error sentdp raises on purpose."""
@@ -24,3 +26,21 @@ class InternalError(SentDPError, RuntimeError):
 
     def __init__(self, message: str) -> None:
         super().__init__(f"internal error (a bug in sentdp, please report it): {message}")
+
+
+class SettingsError(InputError):
+    """A ``SENTDP_*`` environment variable cannot be used. The message names the variables
+    and what is wrong with them, never their values: a ledger URL holds a password, and the
+    metrics token is a secret, and both would otherwise reach the server's log."""
+
+    @classmethod
+    def from_validation(cls, error: Any, prefix: str = "SENTDP_") -> SettingsError:
+        """The error for pydantic's ``ValidationError`` of a settings object (duck-typed, so
+        the core does not import pydantic-settings)."""
+        problems = []
+        for problem in error.errors(include_url=False, include_input=False, include_context=False):
+            location = problem.get("loc") or ()
+            name = f"{prefix}{str(location[0]).upper()}" if location else "the settings together"
+            message = str(problem.get("msg", "is not valid")).removeprefix("Value error, ")
+            problems.append(f"{name}: {message}")
+        return cls("a SENTDP_* setting is not valid: " + "; ".join(problems))

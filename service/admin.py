@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from sentdp.errors import SettingsError
 from service.ledger import LedgerMissingError, open_ledger
 from service.ledger.sql import SCRUB_WAIT_SECONDS
 from service.schemas import UserId
@@ -290,10 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings()
-    except ValidationError as error:
-        raise SystemExit(
-            f"sentdp-admin: a SENTDP_* setting is not valid: {_problems(error)}"
-        ) from None
+    except SettingsError as error:
+        raise SystemExit(f"sentdp-admin: {error}") from None
     if args.command == "new-key":
         new_tenant_key(args, settings.tenants_file)
         return

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 WORKER_CALL_SHARE = 0.9
@@ -254,8 +254,15 @@ class ServiceSettings(BaseSettings):
 
 
 def load_settings() -> ServiceSettings:
-    """Read the environment now: what a service instance uses when it starts."""
-    return ServiceSettings()
+    """Read the environment now: what a service instance uses when it starts. A variable that
+    cannot be used is a :class:`~sentdp.errors.SettingsError` naming it without its value
+    (pydantic's own message quotes values: the ledger URL's password, the metrics token)."""
+    from sentdp.errors import SettingsError
+
+    try:
+        return ServiceSettings()
+    except ValidationError as error:
+        raise SettingsError.from_validation(error) from None
 
 
 ACCESS_LOG = {
@@ -277,7 +284,7 @@ def boot_settings() -> ServiceSettings:
     Use only for what BentoML needs at class-definition time (decorator arguments, the
     model reference, middleware options); read everything else with :func:`load_settings`.
     """
-    return ServiceSettings()
+    return load_settings()
 
 
 def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

@@ -9,7 +9,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sentdp.encoders import named_device
-from sentdp.errors import InputError
+from sentdp.errors import SettingsError
 
 
 class TrainingSettings(BaseSettings):
@@ -35,9 +35,9 @@ class TrainingSettings(BaseSettings):
 
 def load_settings() -> TrainingSettings:
     """Build the settings now (not at import time), so callers can set the environment first;
-    a ``SENTDP_*`` variable that cannot be used is an :class:`~sentdp.errors.InputError`,
+    a ``SENTDP_*`` variable that cannot be used is a :class:`~sentdp.errors.SettingsError`,
     which every command line reports as a message."""
     try:
         return TrainingSettings()
     except ValidationError as error:
-        raise InputError(f"a SENTDP_* setting is not valid: {error}") from None
+        raise SettingsError.from_validation(error) from None

@@ -308,6 +308,15 @@ def test_a_ledger_url_s_password_is_never_printed(
     assert "SuperSecretPw" not in str(ended.value.code)
 
 
+def test_a_bad_setting_is_named_without_its_value(
+    tenants_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SENTDP_METRICS_TOKEN", "TooShortSecret")
+    with pytest.raises(SystemExit, match="SENTDP_METRICS_TOKEN: String should have") as ended:
+        main(["purge"])
+    assert "TooShortSecret" not in str(ended.value.code)
+
+
 def test_postgresql_s_messages_which_can_quote_the_password_are_not_shown(
     tenants_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from sentdp.errors import SettingsError
 from service.settings import (
     ServiceSettings,
+    boot_settings,
     cgroup_cpu_quota,
     default_gateway_workers,
     default_worker_processes,
+    load_settings,
     usable_cpus,
 )
 
@@ -148,3 +151,27 @@ def test_a_cgroup_cpu_quota_limits_the_cores_counted(
     everything = usable_cpus(tmp_path / "none")
     expected = everything if quota is None else min(everything, math.ceil(quota))
     assert usable_cpus(tmp_path) == expected
+
+
+def test_a_bad_setting_is_named_and_no_setting_value_is_quoted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pydantic's own message quotes values (a too-short metrics token whole, and for a rule
+    over several settings all of them, the ledger URL's password among them), and the server
+    prints it to its log when it fails to start."""
+    password, token = "hunter2-ledger-password", "short-token"
+    monkeypatch.setenv("SENTDP_LEDGER_URL", f"postgresql://sentdp:{password}@db/sentdp")
+    monkeypatch.setenv("SENTDP_METRICS_TOKEN", token)
+    boot_settings.cache_clear()
+    for read in (load_settings, boot_settings):
+        with pytest.raises(SettingsError) as error:
+            read()
+        assert "SENTDP_METRICS_TOKEN: String should have at least 16 characters" in str(error.value)
+        assert token not in str(error.value) and password not in str(error.value)
+    monkeypatch.setenv("SENTDP_METRICS_TOKEN", token * 2)
+    monkeypatch.setenv("SENTDP_BODY_TIMEOUT_S", "100000")
+    with pytest.raises(SettingsError) as error:
+        load_settings()
+    assert "the settings together: SENTDP_BODY_TIMEOUT_S must stay below" in str(error.value)
+    assert password not in str(error.value) and "100000" not in str(error.value)
+    boot_settings.cache_clear()
