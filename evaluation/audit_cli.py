@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from rich.console import Console
@@ -125,9 +126,11 @@ def _audit(args: argparse.Namespace, argv: list[str] | None, console: Console) -
     started = time.perf_counter()
     with _http_errors(console, args.url, "a request"):
         results = _run(args, plan, loss, console)
+    url = shown_url(args.url)
+    words = [w.replace(args.url, url) for w in (sys.argv[1:] if argv is None else argv)]
     run = RunInfo(
-        command=shlex.join(["sentdp-audit", *(sys.argv[1:] if argv is None else argv)]),
-        deployment=args.deployment or args.url,
+        command=shlex.join(["sentdp-audit", *words]),
+        deployment=args.deployment or url,
         seconds=round(time.perf_counter() - started, 1),
         documents=sum(2 * samples for _, samples, _ in plan),
         confidence=args.confidence,
@@ -152,8 +155,15 @@ def _http_errors(console: Console, url: str, what: str) -> Iterator[None]:
         console.print(f"sentdp-audit: the deployment refused {what}: {_reason(error.response)}")
         sys.exit(2)
     except httpx.TransportError as error:
-        console.print(f"sentdp-audit: cannot reach {url}: {error}")
+        console.print(f"sentdp-audit: cannot reach {shown_url(url)}: {error}")
         sys.exit(2)
+
+
+def shown_url(url: str) -> str:
+    """``url`` for a message or the report: without user-info (``user:password@``), query
+    or fragment, which may hold credentials."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 def _reason(response: httpx.Response) -> str:

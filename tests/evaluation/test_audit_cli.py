@@ -18,13 +18,13 @@ from tests.support import json_server
 
 def test_an_unreachable_deployment_is_a_message_and_status_2() -> None:
     console = Console(record=True, width=200)
-    with (
-        pytest.raises(SystemExit) as exited,
-        _http_errors(console, "http://127.0.0.1:9", "/budget"),
-    ):
-        tenant_accounting("http://127.0.0.1:9", "sdp_no_key")  # nothing listens on port 9
+    url = "http://auditor:Pa55word@127.0.0.1:9/sentdp?token=Secret#x"
+    with pytest.raises(SystemExit) as exited, _http_errors(console, url, "/budget"):
+        tenant_accounting(url, "sdp_no_key")  # nothing listens on port 9
     assert exited.value.code == 2
-    assert "sentdp-audit: cannot reach http://127.0.0.1:9" in console.export_text()
+    shown = console.export_text()
+    assert "sentdp-audit: cannot reach http://127.0.0.1:9/sentdp:" in shown
+    assert "Pa55word" not in shown and "Secret" not in shown
 
 
 def test_a_refusal_names_what_was_refused() -> None:
@@ -90,4 +90,6 @@ def test_an_unknown_model_or_a_bad_setting_is_a_message_and_status_2(
     with pytest.raises(SystemExit) as exited:
         audit_main([*audit, "m"])
     assert exited.value.code == 2
-    assert "a SENTDP_* setting is not valid" in " ".join(capsys.readouterr().err.split())
+    assert "a SENTDP_* setting is not valid: SENTDP_THREADS: Input should be greater" in " ".join(
+        capsys.readouterr().err.split()
+    )
