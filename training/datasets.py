@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from sentdp.encoders import file_sha256
-from sentdp.errors import InputError
+from sentdp.errors import InputError, LimitError
 from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
 
 MIN_DOCUMENTS_PER_CLASS = 5
@@ -70,6 +70,8 @@ class Corpus:
     short: tuple[Document, ...] = ()
     """The documents dropped for having fewer than two sentences: in no split, so
     ``python -m evaluation.vote_selection --short`` can score short texts on them."""
+    removed_over_limit: int = 0
+    """Documents with more sentences than the corpus's :class:`~sentdp.text.TextLimits` allow."""
     labels: list[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -151,15 +153,19 @@ def _finish(
     source: str,
     sha256: str,
     is_public: bool,
-    raw: list[Document],
+    raw: list[Document | None],
     sentences_from: str,
 ) -> Corpus:
-    """Drop exact duplicates (same sentences) and documents with fewer than two sentences."""
+    """Drop documents over the sentence limit (``None``), exact duplicates (same sentences) and
+    documents with fewer than two sentences."""
     seen: set[tuple[str, ...]] = set()
     kept: list[Document] = []
     short: list[Document] = []
-    duplicates = 0
+    duplicates = over_limit = 0
     for doc in raw:
+        if doc is None:
+            over_limit += 1
+            continue
         if doc.sentences in seen:
             duplicates += 1
             continue
@@ -169,15 +175,30 @@ def _finish(
         raise InputError(f"corpus {name} has no document with at least {MIN_SENTENCES} sentences")
     dropped = tuple(doc for doc in short if doc.sentences)
     return Corpus(
-        name, source, sha256, is_public, kept, sentences_from, duplicates, len(short), dropped
+        name,
+        source,
+        sha256,
+        is_public,
+        kept,
+        sentences_from,
+        duplicates,
+        len(short),
+        dropped,
+        over_limit,
     )
 
 
-def _split_text(text: str, splitter: SentenceSplitter, limits: TextLimits) -> tuple[str, ...]:
+def _document(
+    doc_id: str, text: str, label: str, splitter: SentenceSplitter, limits: TextLimits
+) -> Document | None:
+    """The document cut into sentences; ``None`` when it has more than the limit (a document
+    the service would refuse); no sentence at all is an empty document."""
     try:
-        return tuple(split_document(text, splitter, limits))
+        return Document(doc_id, tuple(split_document(text, splitter, limits)), label)
+    except LimitError:
+        return None
     except InputError:
-        return ()
+        return Document(doc_id, (), label)
 
 
 def bbc_news_texts(cache_dir: Path) -> list[tuple[str, str, str]]:
@@ -198,7 +219,7 @@ def bbc_news_texts(cache_dir: Path) -> list[tuple[str, str, str]]:
 def load_bbc_news(cache_dir: Path, limits: TextLimits) -> Corpus:
     splitter = SentenceSplitter()
     documents = [
-        Document(doc_id, _split_text(text, splitter, limits), label)
+        _document(doc_id, text, label, splitter, limits)
         for doc_id, label, text in bbc_news_texts(cache_dir)
     ]
     return _finish(
@@ -214,10 +235,13 @@ def load_movie_polarity(cache_dir: Path, limits: TextLimits) -> Corpus:
             raise InputError(f"{POLARITY_ARCHIVE.filename} has no {POLARITY_MEMBER}")
         text = member.read().decode("utf-8-sig")
     names = {"1": "positive", "-1": "negative"}
-    documents = []
+    documents: list[Document | None] = []
     for row_number, row in enumerate(csv.reader(io.StringIO(text))):
         label, review = row[0], row[1]
         lines = [line for line in review.split("\n") if line.strip()]
+        if len(lines) > limits.max_sentences:
+            documents.append(None)
+            continue
         sentences = tuple(prepare_sentences(lines, limits)) if lines else ()
         documents.append(Document(f"review-{row_number:04d}", sentences, names[label]))
     return _finish(
@@ -242,14 +266,14 @@ def load_clothing_reviews(cache_dir: Path, limits: TextLimits) -> Corpus:
     sizes = Counter(c for c, t in zip(classes, texts, strict=True) if c and t)
     taken: Counter[str] = Counter()
     splitter = SentenceSplitter()
-    documents = []
+    documents: list[Document | None] = []
     for row, (label, text) in enumerate(zip(classes, texts, strict=True)):
         if not (label and text) or sizes[label] < CLOTHING_MIN_CLASS:
             continue
         if taken[label] == CLOTHING_PER_CLASS:
             continue
         taken[label] += 1
-        documents.append(Document(f"review-{row:05d}", _split_text(text, splitter, limits), label))
+        documents.append(_document(f"review-{row:05d}", text, label, splitter, limits))
     return _finish(
         "clothing-reviews",
         f"{CLOTHING_ARCHIVE.requirement}:{CLOTHING_MEMBER}",
@@ -286,7 +310,7 @@ def load_user_corpus(
                 f"{path} has no column {column!r}; its columns are {_shown_columns(rows[0])}"
             )
     splitter = SentenceSplitter()
-    documents = []
+    documents: list[Document | None] = []
     for number, row in enumerate(rows):
         text, label = row.get(text_column), row.get(label_column)
         if not isinstance(text, str) or label is None or str(label).strip() == "":
@@ -296,9 +320,7 @@ def load_user_corpus(
                 f"row {number + 1} of {path}: the label is a {type(label).__name__}, not a "
                 "text or a number"
             )
-        documents.append(
-            Document(f"row-{number:06d}", _split_text(text, splitter, limits), str(label).strip())
-        )
+        documents.append(_document(f"row-{number:06d}", text, str(label).strip(), splitter, limits))
     return _finish(path.stem, str(path), file_sha256(path), True, documents, "splitter")
 
 
@@ -311,12 +333,13 @@ def _shown_columns(columns: Iterable[str]) -> str:
     SHOWN_COLUMNS of them: a file without a header row has its first document as column
     names, which must not be printed whole."""
     names = sorted(str(name) for name in columns)
-    shown = [
-        name if len(name) <= SHOWN_COLUMN_CHARS else name[:SHOWN_COLUMN_CHARS] + "..."
-        for name in names[:SHOWN_COLUMNS]
-    ]
+    shown = [_cut(name) for name in names[:SHOWN_COLUMNS]]
     more = f" and {len(names) - SHOWN_COLUMNS} more" if len(names) > SHOWN_COLUMNS else ""
     return f"{shown}{more}"
+
+
+def _cut(name: str) -> str:
+    return name if len(name) <= SHOWN_COLUMN_CHARS else name[:SHOWN_COLUMN_CHARS] + "..."
 
 
 CSV_FIELD_LIMIT = 64 * 1024 * 1024
@@ -355,23 +378,55 @@ def _json_rows(path: Path) -> list[dict[str, object]]:
 
 
 def _csv_rows(path: Path, delimiter: str, columns: tuple[str, ...]) -> list[dict[str, object]]:
+    """Read strictly first, so that a quoted field never closed (a stray ``"``, which would
+    swallow the rest of the file into one field) is named with the line it opens on; a file
+    with other quoting slips is then read leniently, as spreadsheets' exports expect."""
     previous = csv.field_size_limit(CSV_FIELD_LIMIT)
     try:
-        with path.open(encoding="utf-8-sig", newline="") as handle:
-            reader = csv.DictReader(handle, delimiter=delimiter)
-            try:
-                names = reader.fieldnames or []
-                twice = sorted({name for name in columns if names.count(name) > 1})
-                if twice:  # DictReader would read the last column of that name, silently
-                    raise InputError(f"{path}'s header names {_shown_columns(twice)} twice")
-                return list(reader)
-            except csv.Error as error:
-                raise InputError(
-                    f"line {reader.line_num + 1} of {path} cannot be read as CSV: {error} "
-                    f"(fields are read up to {CSV_FIELD_LIMIT:,} characters)"
-                ) from None
+        try:
+            return _csv_pass(path, delimiter, columns, strict=True)
+        except _UnclosedQuoteError as error:
+            raise InputError(
+                f"line {error.line} of {path} opens a quoted field that is never closed, so the "
+                'rest of the file would be one field (a stray " in the text? write it as "")'
+            ) from None
+        except csv.Error:
+            return _csv_pass(path, delimiter, columns, strict=False)
     finally:
         csv.field_size_limit(previous)
+
+
+class _UnclosedQuoteError(Exception):
+    def __init__(self, line: int) -> None:
+        self.line = line
+
+
+def _csv_pass(
+    path: Path, delimiter: str, columns: tuple[str, ...], strict: bool
+) -> list[dict[str, object]]:
+    with path.open(encoding="utf-8-sig", newline="") as handle:
+        reader = csv.DictReader(handle, delimiter=delimiter, strict=strict)
+        rows: list[dict[str, object]] = []
+        starts = 1
+        try:
+            names = reader.fieldnames or []
+            twice = sorted({name for name in columns if names.count(name) > 1})
+            if twice:  # DictReader would read the last column of that name, silently
+                raise InputError(f"{path}'s header names {_shown_columns(twice)} twice")
+            starts = reader.line_num + 1
+            for row in reader:
+                rows.append(row)
+                starts = reader.line_num + 1
+        except csv.Error as error:
+            if strict and str(error) == "unexpected end of data":
+                raise _UnclosedQuoteError(starts) from None
+            if strict:
+                raise
+            raise InputError(
+                f"line {reader.line_num + 1} of {path} cannot be read as CSV: {error} "
+                f"(fields are read up to {CSV_FIELD_LIMIT:,} characters)"
+            ) from None
+        return rows
 
 
 def load_glove(cache_dir: Path) -> tuple[np.ndarray, list[str]]:
@@ -430,11 +485,13 @@ def stratified_splits(
     counts = Counter(d.label for d in corpus.documents)
     if len(counts) < 2:
         raise InputError(f"corpus {corpus.name} needs at least two labels, found {sorted(counts)}")
-    small = {label: n for label, n in counts.items() if n < MIN_DOCUMENTS_PER_CLASS}
+    small = sorted((n, label) for label, n in counts.items() if n < MIN_DOCUMENTS_PER_CLASS)
     if small:
+        shown = ", ".join(f"{_cut(label)!r} ({n})" for n, label in small[:SHOWN_COLUMNS])
+        more = f" and {len(small) - SHOWN_COLUMNS} more" if len(small) > SHOWN_COLUMNS else ""
         raise InputError(
             f"every class needs at least {MIN_DOCUMENTS_PER_CLASS} documents with two or more "
-            f"sentences; too few in {small}"
+            f"sentences; {len(small)} of {len(counts)} classes have fewer: {shown}{more}"
         )
     rng = np.random.default_rng(seed)
     train, validation, test = [], [], []
@@ -467,4 +524,5 @@ def subsample_per_class(corpus: Corpus, per_class: int, seed: int) -> Corpus:
         corpus.sentences_from,
         corpus.removed_duplicates,
         corpus.removed_short,
+        removed_over_limit=corpus.removed_over_limit,
     )

@@ -211,9 +211,14 @@ def run_training(
     started = time.perf_counter()
     corpus = load_corpus(config.corpus_spec(), settings)
     splits = stratified_splits(corpus, config.seed)
+    over_limit = (
+        f", {corpus.removed_over_limit} with more than {config.limits.max_sentences} sentences"
+        if corpus.removed_over_limit
+        else ""
+    )
     console.print(
         f"corpus {corpus.name}: {len(corpus.documents)} documents ({corpus.removed_duplicates} "
-        f"duplicates and {corpus.removed_short} with < 2 sentences removed), "
+        f"duplicates{over_limit} and {corpus.removed_short} with < 2 sentences removed), "
         f"splits {splits.sizes()}"
     )
     seed_everything(config.seed, settings.threads)

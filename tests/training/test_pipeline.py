@@ -337,6 +337,53 @@ def test_one_sentence_documents_are_kept_out_of_the_splits_but_not_lost(tmp_path
     assert corpus.removed_duplicates == 1
 
 
+def test_documents_over_the_sentence_limit_are_counted_as_such_not_as_short(
+    tmp_path: Path,
+) -> None:
+    rows = [{"text": f"Doc {i} starts. It ends {i}.", "label": "ab"[i % 2]} for i in range(6)]
+    long = " ".join(f"Sentence {j} of a long thread." for j in range(6))
+    rows += [{"text": long, "label": "a"}, {"text": long + " One more.", "label": "b"}]
+    rows += [{"text": "Only one here.", "label": "a"}]
+    path = write_jsonl(tmp_path / "long.jsonl", rows)
+    corpus = load_user_corpus(path, "text", "label", True, TextLimits(max_sentences=5))
+    assert (len(corpus.documents), corpus.removed_over_limit, corpus.removed_short) == (6, 2, 1)
+    assert corpus.removed_duplicates == 0
+    corpus = load_user_corpus(path, "text", "label", True, TextLimits(max_sentences=7))
+    assert (len(corpus.documents), corpus.removed_over_limit, corpus.removed_short) == (8, 0, 1)
+
+
+def test_a_quote_never_closed_is_named_with_its_line_and_other_slips_are_read(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "quotes.csv"
+    path.write_text('text,label\n"One. Two.",a\n"Three. Four,b\nFive. Six.,a\nSeven. Eight.,b\n')
+    with pytest.raises(InputError, match=r"line 3 of .* opens a quoted field that is never"):
+        load_user_corpus(path, "text", "label", True, TextLimits())
+    path.write_text('text,label\n"Best" dress. Ever.,a\nHe said "hi". Then left.,b\n')
+    corpus = load_user_corpus(path, "text", "label", True, TextLimits())  # as before: leniently
+    assert [d.sentences for d in corpus.documents] == [
+        ("Best dress.", "Ever."),
+        ('He said "hi".', "Then left."),
+    ]
+
+
+def test_too_small_classes_are_counted_and_at_most_twenty_named(tmp_path: Path) -> None:
+    rows = [{"text": f"Doc {i} starts. It ends {i}.", "label": "ab"[i % 2]} for i in range(20)]
+    rows += [
+        {"text": f"Lone {i}. Post {i}.", "label": f"class-{i:04d}-" + "x" * 60} for i in range(500)
+    ]
+    corpus = load_user_corpus(
+        write_jsonl(tmp_path / "many.jsonl", rows), "text", "label", True, TextLimits()
+    )
+    with pytest.raises(InputError) as refused:
+        stratified_splits(corpus, 0)
+    message = str(refused.value)
+    assert "500 of 502 classes have fewer" in message
+    assert message.endswith(" and 480 more")
+    assert message.count("class-") == 20
+    assert len(message) < 2000
+
+
 def test_a_column_named_twice_or_a_label_that_is_not_one_value_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "twice.csv"
     path.write_text("text,label,text\nOne here. Two there.,a,Other.\n")
