@@ -24,7 +24,8 @@ def test_an_unreachable_deployment_is_a_message_and_status_2() -> None:
     assert exited.value.code == 2
     shown = console.export_text()
     assert "sentdp-audit: cannot reach http://127.0.0.1:9/sentdp:" in shown
-    assert "Pa55word" not in shown and "Secret" not in shown
+    assert "Pa55word" not in shown
+    assert "Secret" not in shown
 
 
 def test_a_refusal_names_what_was_refused() -> None:
