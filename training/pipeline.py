@@ -207,7 +207,10 @@ def run_training(
     """Train a bundle and save it to the BentoML store; every choice is made on validation."""
     console = console or plain_console()
     if config.name:
-        check_new_tag(config.name)
+        stored_as = check_new_tag(config.name)
+        if stored_as != config.name:
+            console.print(f"--out {config.name!r} is saved as {stored_as!r}: tags are lower case")
+            config = replace(config, name=stored_as)
     started = time.perf_counter()
     corpus = load_corpus(config.corpus_spec(), settings)
     splits = stratified_splits(corpus, config.seed)

@@ -45,22 +45,23 @@ def load_from_store(tag: str) -> Bundle:
     return Bundle.load(Path(model.path))
 
 
-def check_new_tag(name: str) -> None:
-    """Refuse, before any training, a model name the store would refuse only at the end:
-    not a BentoML tag, the version ``latest``, or a version already stored."""
+def check_new_tag(name: str) -> str:
+    """``name`` as the store will hold it (BentoML's tags are lower case); refuse, before any
+    training, a name the store would refuse only at the end: not a BentoML tag, the version
+    ``latest``, or a version already stored."""
     import bentoml
     from bentoml.exceptions import BentoMLException, NotFound
 
     try:
-        tag = bentoml.Tag.from_taglike(name)
+        tag = bentoml.Tag.from_taglike(name.lower())
     except (ValueError, BentoMLException) as error:
         raise InputError(f"--out {name!r} is not a BentoML model tag: {error}") from None
     if tag.version is None:
-        return
+        return str(tag)
     if tag.version == "latest":
         raise InputError(f"--out {name!r}: 'latest' names the newest version, not a new one")
     try:
         bentoml.models.get(tag)
     except NotFound:
-        return
+        return str(tag)
     raise InputError(f"--out {name!r}: the store already holds that version")

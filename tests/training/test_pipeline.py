@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from sentdp.bundle import Bundle
 from sentdp.errors import InputError
@@ -78,9 +79,13 @@ def test_candidates_are_the_recoded_means_of_their_public_documents(
 def test_retraining_with_the_same_seed_is_byte_identical(
     quick_bundle_tag: str, quick_bundle: Bundle
 ) -> None:
-    # the quick bundle's config (tests/conftest.py), under another name
-    config = TrainConfig(dataset="bbc-news", name="sentdp-test-again", vote_shapes=("simplex",))
-    report = run_training(config.quick(), load_settings())
+    # the quick bundle's config (tests/conftest.py), under another name, in capitals: the
+    # store holds tags in lower case, and the run says so in its own words
+    config = TrainConfig(dataset="bbc-news", name="SentDP-Test-Again", vote_shapes=("simplex",))
+    console = Console(record=True, width=200)
+    report = run_training(config.quick(), load_settings(), console)
+    assert report.tag.startswith("sentdp-test-again:")
+    assert "--out 'SentDP-Test-Again' is saved as 'sentdp-test-again'" in console.export_text()
     assert report.embeddings_from_cache
     (again,) = report.bundle.variants
     (first,) = quick_bundle.variants
