@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import signal
 import sys
 from typing import Any
 
@@ -17,6 +16,7 @@ from training.console import plain_console
 from training.datasets import REGISTRY
 from training.pipeline import TrainConfig, TrainReport, run_training
 from training.settings import load_settings
+from training.stops import Stops
 from training.variants import RECIPES
 
 DEFAULTS: dict[str, Any] = {
@@ -215,20 +215,20 @@ def print_report(report: TrainReport, console: Console) -> None:
 def main(argv: list[str] | None = None) -> None:
     console = plain_console()
     args = parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so the staged bundle (its training vocabulary among it) and
-    # other scratch folders are removed instead of left in the temporary directory.
-    signal.signal(signal.SIGTERM, _stop)
+    stops = Stops()
+    stops.install()
     try:
-        report = run_training(config_from_args(args), load_settings(), console)
-    except SentDPError as error:
-        console.print(f"sentdp-train: {error}", style="red")
-        sys.exit(2)
-    print_report(report, console)
-    print(report.tag)
-
-
-def _stop(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+        try:
+            report = run_training(config_from_args(args), load_settings(), console, stops.saving())
+        except SentDPError as error:
+            console.print(f"sentdp-train: {error}", style="red")
+            sys.exit(2)
+        print_report(report, console)
+        if stops.ignored:
+            console.print("a stop signal came after the model was saved; the run is complete")
+        print(report.tag)
+    finally:
+        stops.restore()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -202,9 +203,13 @@ def _encoder(
 
 
 def run_training(
-    config: TrainConfig, settings: TrainingSettings, console: Console | None = None
+    config: TrainConfig,
+    settings: TrainingSettings,
+    console: Console | None = None,
+    commit_guard: AbstractContextManager[None] | None = None,
 ) -> TrainReport:
-    """Train a bundle and save it to the BentoML store; every choice is made on validation."""
+    """Train a bundle and save it to the BentoML store; every choice is made on validation.
+    ``commit_guard`` is entered around the copy into the store."""
     console = console or plain_console()
     if config.name:
         stored_as = check_new_tag(config.name)
@@ -241,7 +246,7 @@ def run_training(
         "validation": scores,
         "versions": bundle.manifest.versions,
     }
-    tag = save_to_store(bundle, model_name(config, corpus), metadata)
+    tag = save_to_store(bundle, model_name(config, corpus), metadata, commit_guard)
     total = time.perf_counter() - started
     return TrainReport(
         tag, bundle, corpus, total, embeddings.seconds, embeddings.from_cache, scores

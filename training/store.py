@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,17 @@ from sentdp.bundle import Bundle
 from sentdp.errors import InputError
 
 
-def save_to_store(bundle: Bundle, name: str, metadata: dict[str, Any]) -> str:
+def save_to_store(
+    bundle: Bundle,
+    name: str,
+    metadata: dict[str, Any],
+    commit_guard: AbstractContextManager[None] | None = None,
+) -> str:
     """Save ``bundle`` as a new version of BentoML model ``name``; return its tag.
 
     The bundle is written to a scratch folder and loaded back (validating every part) before
-    it enters the store, so a failure at any step leaves the store as it was.
+    it enters the store, so a failure at any step leaves the store as it was. ``commit_guard``
+    is entered around the copy into the store (``sentdp-train`` holds stop signals there).
     """
     import bentoml
 
@@ -24,7 +31,10 @@ def save_to_store(bundle: Bundle, name: str, metadata: dict[str, Any]) -> str:
         bundle.save(staged)
         Bundle.load(staged)
         labels = {"recipe": bundle.manifest.recipe, "corpus": bundle.manifest.corpus.name}
-        with bentoml.models.create(name, labels=labels, metadata=metadata) as model:
+        with (
+            commit_guard or nullcontext(),
+            bentoml.models.create(name, labels=labels, metadata=metadata) as model,
+        ):
             shutil.copytree(staged, model.path, dirs_exist_ok=True)
             tag = str(model.tag)
     return tag

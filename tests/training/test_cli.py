@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from tests.support import REPO
-from training.cli import _stop, config_from_args, main, parse_args
+from training.cli import config_from_args, main, parse_args
 from training.pipeline import TrainConfig
+from training.stops import STOP_SIGNALS, Stops
+from training.store import load_from_store, save_to_store
 
 
 def test_the_flags_default_to_the_config_defaults() -> None:
@@ -49,18 +54,16 @@ def test_the_selection_flag_decides_whether_the_p_table_may_pick_the_mean_rule()
 
 def test_sigterm_unwinds_so_the_staged_bundle_is_removed(tmp_path: Path) -> None:
     """A training stopped by SIGTERM (a container's stop, a CI timeout) must not leave its
-    staged bundle, which holds the training vocabulary, in the temporary folder."""
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(SystemExit):
-            main(["--dataset", str(tmp_path / "missing.csv"), "--corpus-is-public"])
-        assert signal.getsignal(signal.SIGTERM) is _stop
-    finally:
-        signal.signal(signal.SIGTERM, before)
+    staged bundle, which holds the training vocabulary, in the temporary folder; main puts
+    back the handlers it replaced."""
+    before = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    with pytest.raises(SystemExit):
+        main(["--dataset", str(tmp_path / "missing.csv"), "--corpus-is-public"])
+    assert {number: signal.getsignal(number) for number in STOP_SIGNALS} == before
     script = (
         "import os, signal, sys, tempfile, time\n"
-        "from training.cli import _stop\n"
-        "signal.signal(signal.SIGTERM, _stop)\n"
+        "from training.stops import Stops\n"
+        "Stops().install()\n"
         "with tempfile.TemporaryDirectory(prefix='sentdp-bundle-', dir=sys.argv[1]):\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(30)\n"
@@ -70,3 +73,44 @@ def test_sigterm_unwinds_so_the_staged_bundle_is_removed(tmp_path: Path) -> None
     )
     assert ended.returncode == 128 + signal.SIGTERM
     assert not list(tmp_path.glob("sentdp-bundle-*"))
+
+
+def test_a_stop_waits_while_the_model_is_saved_and_is_ignored_once_it_is(
+    quick_bundle_tag: str,
+) -> None:
+    """A stop during the copy into the store would leave a half-written model, and one after
+    it would report a failure for a model that exists (so a script would train again)."""
+    quick_bundle = load_from_store(quick_bundle_tag)
+    stops = Stops()
+    stops.install()
+    try:
+
+        @contextmanager
+        def stopped_while_saving() -> Iterator[None]:
+            with stops.saving():
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, in this thread
+                yield
+
+        tag = save_to_store(quick_bundle, "sentdp-test-stopped", {}, stopped_while_saving())
+        assert stops.saved
+        assert stops.ignored
+        assert load_from_store(tag).manifest == quick_bundle.manifest  # whole
+        os.kill(os.getpid(), signal.SIGINT)  # after saving: noted, not raised
+        failed = Stops()
+        failed.install()
+
+        def save_fails() -> None:
+            with failed.saving():
+                os.kill(os.getpid(), signal.SIGTERM)
+                raise OSError("disk full")  # the save failed: the held stop ends the run
+
+        with pytest.raises(SystemExit) as ended:
+            save_fails()
+        assert ended.value.code == 128 + signal.SIGTERM
+        with pytest.raises(SystemExit) as ended:
+            os.kill(os.getpid(), signal.SIGINT)  # no save under way: a stop ends the run
+        assert ended.value.code == 128 + signal.SIGINT
+        failed.restore()
+    finally:
+        stops.restore()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
