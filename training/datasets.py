@@ -31,7 +31,7 @@ import tarfile
 import tempfile
 import zipfile
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -378,55 +378,75 @@ def _json_rows(path: Path) -> list[dict[str, object]]:
 
 
 def _csv_rows(path: Path, delimiter: str, columns: tuple[str, ...]) -> list[dict[str, object]]:
-    """Read strictly first, so that a quoted field never closed (a stray ``"``, which would
-    swallow the rest of the file into one field) is named with the line it opens on; a file
-    with other quoting slips is then read leniently, as spreadsheets' exports expect."""
+    """The rows of a CSV or TSV file as dicts of its header's names, read leniently (as
+    spreadsheets' exports expect). A quoted field that is never closed would swallow the
+    rest of the file into one field: a sentinel line after the last one tells, since it
+    ends up inside a field instead of in a row of its own, and the error names the line the
+    quote opens on."""
     previous = csv.field_size_limit(CSV_FIELD_LIMIT)
     try:
-        try:
-            return _csv_pass(path, delimiter, columns, strict=True)
-        except _UnclosedQuoteError as error:
-            raise InputError(
-                f"line {error.line} of {path} opens a quoted field that is never closed, so the "
-                'rest of the file would be one field (a stray " in the text? write it as "")'
-            ) from None
-        except csv.Error:
-            return _csv_pass(path, delimiter, columns, strict=False)
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            reader = csv.reader(_with_sentinel(handle), delimiter=delimiter)
+            header: list[str] | None = None
+            rows: list[dict[str, object]] = []
+            starts = 1
+            try:
+                while True:
+                    starts = reader.line_num + 1
+                    try:
+                        fields = next(reader)
+                    except StopIteration:
+                        break
+                    if any(_SENTINEL in field for field in fields):
+                        if fields == [_SENTINEL]:
+                            break
+                        raise InputError(
+                            f"line {starts} of {path} opens a quoted field that is never "
+                            'closed, so the rest of the file would be one field (a stray " '
+                            'in the text? write it as "")'
+                        )
+                    if not fields:
+                        continue
+                    if header is None:
+                        header = fields
+                        twice = sorted({name for name in columns if header.count(name) > 1})
+                        if twice:  # a dict keeps the last column of a name, silently
+                            raise InputError(f"{path}'s header names {_shown_columns(twice)} twice")
+                        continue
+                    rows.append(_as_row(header, fields))
+            except csv.Error as error:
+                raise InputError(
+                    f"line {starts} of {path} cannot be read as CSV: {error} "
+                    f"(fields are read up to {CSV_FIELD_LIMIT:,} characters)"
+                ) from None
+            return rows
     finally:
         csv.field_size_limit(previous)
 
 
-class _UnclosedQuoteError(Exception):
-    def __init__(self, line: int) -> None:
-        self.line = line
+_SENTINEL = "\ufdd0sentdp: end of the file\ufdd0"
+"""A line no corpus holds (U+FDD0 is a Unicode noncharacter), read after the file's last."""
 
 
-def _csv_pass(
-    path: Path, delimiter: str, columns: tuple[str, ...], strict: bool
-) -> list[dict[str, object]]:
-    with path.open(encoding="utf-8-sig", newline="") as handle:
-        reader = csv.DictReader(handle, delimiter=delimiter, strict=strict)
-        rows: list[dict[str, object]] = []
-        starts = 1
-        try:
-            names = reader.fieldnames or []
-            twice = sorted({name for name in columns if names.count(name) > 1})
-            if twice:  # DictReader would read the last column of that name, silently
-                raise InputError(f"{path}'s header names {_shown_columns(twice)} twice")
-            starts = reader.line_num + 1
-            for row in reader:
-                rows.append(row)
-                starts = reader.line_num + 1
-        except csv.Error as error:
-            if strict and str(error) == "unexpected end of data":
-                raise _UnclosedQuoteError(starts) from None
-            if strict:
-                raise
-            raise InputError(
-                f"line {reader.line_num + 1} of {path} cannot be read as CSV: {error} "
-                f"(fields are read up to {CSV_FIELD_LIMIT:,} characters)"
-            ) from None
-        return rows
+def _with_sentinel(lines: Iterable[str]) -> Iterator[str]:
+    last = "\n"
+    for line in lines:
+        yield line
+        last = line
+    if not last.endswith(("\n", "\r")):
+        yield "\n"
+    yield _SENTINEL
+
+
+def _as_row(header: list[str], fields: list[str]) -> dict[str, object]:
+    """As :class:`csv.DictReader` makes it: missing fields are ``None``, extra ones a list
+    under the key ``None``."""
+    row: dict[str, object] = dict(zip(header, fields, strict=False))
+    for name in header[len(fields) :]:
+        row.setdefault(name, None)
+    if len(fields) > len(header):
+        row[None] = fields[len(header) :]  # type: ignore[index]
+    return row
 
 
 def load_glove(cache_dir: Path) -> tuple[np.ndarray, list[str]]:
@@ -484,7 +504,8 @@ def stratified_splits(
     """Per label: shuffle with ``seed``, then cut into train / validation / test."""
     counts = Counter(d.label for d in corpus.documents)
     if len(counts) < 2:
-        raise InputError(f"corpus {corpus.name} needs at least two labels, found {sorted(counts)}")
+        found = [_cut(label) for label in sorted(counts)]
+        raise InputError(f"corpus {corpus.name} needs at least two labels, found {found}")
     small = sorted((n, label) for label, n in counts.items() if n < MIN_DOCUMENTS_PER_CLASS)
     if small:
         shown = ", ".join(f"{_cut(label)!r} ({n})" for n, label in small[:SHOWN_COLUMNS])

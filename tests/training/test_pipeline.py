@@ -364,6 +364,13 @@ def test_a_quote_never_closed_is_named_with_its_line_and_other_slips_are_read(
     path.write_text('text,label\n"One. Two.",a\n"Three. Four,b\nFive. Six.,a\nSeven. Eight.,b\n')
     with pytest.raises(InputError, match=r"line 3 of .* opens a quoted field that is never"):
         load_user_corpus(path, "text", "label", True, TextLimits())
+    for body in (
+        'label,text\na,"Best" dress. Ever.\nb,"Open. Never closed\na,X. Y.\n',  # after a slip
+        'text,label\nA. B.,a\n\n\n"Three. Four,b\nFive. Six.,a\n',  # after blank lines
+    ):
+        path.write_text(body)
+        with pytest.raises(InputError, match=r"line 3 of .* opens a quoted field|line 5 of"):
+            load_user_corpus(path, "text", "label", True, TextLimits())
     path.write_text('text,label\n"Best" dress. Ever.,a\nHe said "hi". Then left.,b\n')
     corpus = load_user_corpus(path, "text", "label", True, TextLimits())  # as before: leniently
     assert [d.sentences for d in corpus.documents] == [
