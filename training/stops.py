@@ -6,6 +6,7 @@ exists."""
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,13 +22,17 @@ class Stops:
     def __init__(self) -> None:
         self.saved = False
         self.ignored = False
+        self._stopping = False
         self._holding = False
         self._pending: int | None = None
         self._before: dict[int, Any] = {}
 
     def install(self) -> None:
+        """Handle the stop signals, except one the process was started to ignore (``nohup``,
+        a job started with ``&``)."""
         for number in STOP_SIGNALS:
-            self._before[number] = signal.signal(number, self._handle)
+            if signal.getsignal(number) not in (signal.SIG_IGN, None):
+                self._before[number] = signal.signal(number, self._handle)
 
     def restore(self) -> None:
         """Put back the handlers :meth:`install` replaced (for callers that run on)."""
@@ -39,14 +44,18 @@ class Stops:
         if self.saved:
             self.ignored = True
         elif self._holding:
+            if self._pending is None:
+                # os.write, not print: the main thread may be inside a print of its own
+                os.write(2, b"stopping once the model is in the store\n")
             self._pending = signum
-        else:
+        elif not self._stopping:  # a second stop must not cut the first one's clean-up short
+            self._stopping = True
             raise SystemExit(128 + signum)
 
     @contextmanager
     def saving(self) -> Iterator[None]:
-        """Hold stops while the model enters the store; once it has, the run is done, and a
-        stop that came meanwhile is ignored. If saving fails, a held stop ends the run."""
+        """Hold stops while the model enters the store. Once it has, the run is done, and a
+        stop that came meanwhile is ignored; if saving fails, its error ends the run."""
         self._holding = True
         try:
             yield
@@ -54,5 +63,3 @@ class Stops:
             self.ignored = self._pending is not None
         finally:
             self._holding = False
-            if self._pending is not None and not self.saved:
-                raise SystemExit(128 + self._pending)
