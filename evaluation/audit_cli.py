@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from rich.console import Console
@@ -154,16 +154,26 @@ def _http_errors(console: Console, url: str, what: str) -> Iterator[None]:
     except httpx.HTTPStatusError as error:
         console.print(f"sentdp-audit: the deployment refused {what}: {_reason(error.response)}")
         sys.exit(2)
+    except httpx.UnsupportedProtocol:
+        console.print(f"sentdp-audit: --url {shown_url(url)} must start with http:// or https://")
+        sys.exit(2)
     except httpx.TransportError as error:
         console.print(f"sentdp-audit: cannot reach {shown_url(url)}: {error}")
+        sys.exit(2)
+    except httpx.InvalidURL:  # its message can quote the URL's user-info
+        console.print(f"sentdp-audit: --url {shown_url(url)} is not a valid URL")
         sys.exit(2)
 
 
 def shown_url(url: str) -> str:
     """``url`` for a message or the report: without user-info (``user:password@``), query
-    or fragment, which may hold credentials."""
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    or fragment, which may hold credentials. Cut by hand, not parsed: a password with a raw
+    ``/``, ``?`` or ``#`` (or a URL without a scheme) would fool a parser into keeping it."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        scheme, rest = "", url
+    rest = re.split(r"[?#]", rest.rpartition("@")[2], maxsplit=1)[0]
+    return f"{scheme}{separator}{rest}"
 
 
 def _reason(response: httpx.Response) -> str:

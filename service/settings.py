@@ -262,7 +262,9 @@ def load_settings() -> ServiceSettings:
     try:
         return ServiceSettings()
     except ValidationError as error:
-        raise SettingsError.from_validation(error) from None
+        problem = SettingsError.from_validation(error)
+    # raised out here, so that pydantic's error (it quotes the values) is not its context
+    raise problem
 
 
 ACCESS_LOG = {

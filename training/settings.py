@@ -40,4 +40,6 @@ def load_settings() -> TrainingSettings:
     try:
         return TrainingSettings()
     except ValidationError as error:
-        raise SettingsError.from_validation(error) from None
+        problem = SettingsError.from_validation(error)
+    # raised out here, so that pydantic's error (it quotes the values) is not its context
+    raise problem

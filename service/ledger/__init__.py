@@ -57,7 +57,10 @@ def open_ledger(
     ledger: SqlLedger
     if parsed.scheme == "sqlite":
         if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
-            raise ValueError(f"the SQLite ledger URL needs a file path: {url!r}")
+            raise ValueError(  # not quoted: a mistyped URL can hold a password
+                "a SQLite ledger URL is sqlite:/// and a file path (sqlite:///relative or "
+                "sqlite:////absolute)"
+            )
         path = url[len("sqlite:///") :]
         if not create and not Path(path).is_file():
             raise LedgerMissingError(f"no ledger at {path}")

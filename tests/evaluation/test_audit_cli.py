@@ -16,6 +16,28 @@ from evaluation.cli import main as eval_main
 from tests.support import json_server
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://auditor:Pa55word@127.0.0.1:9/sentdp?token=Secret#x",
+        "auditor:Pa55word@127.0.0.1:9",  # no scheme: a parser takes "auditor" for one
+        "http://auditor:Pa55/word@127.0.0.1:9",  # a raw "/" ends a parser's user-info early
+        "http://auditor:Pa55#word@127.0.0.1:9",
+        "http://auditor:Pa55?word@127.0.0.1:9",
+    ],
+)
+def test_a_password_in_the_url_is_never_shown(url: str) -> None:
+    console = Console(record=True, width=300)
+    with pytest.raises(SystemExit) as exited, _http_errors(console, url, "/budget"):
+        tenant_accounting(url, "sdp_no_key")
+    assert exited.value.code == 2
+    shown = console.export_text()
+    assert shown.startswith("sentdp-audit: ")
+    assert "Pa55" not in shown
+    assert "word" not in shown
+    assert "auditor" not in shown
+
+
 def test_an_unreachable_deployment_is_a_message_and_status_2() -> None:
     console = Console(record=True, width=200)
     url = "http://auditor:Pa55word@127.0.0.1:9/sentdp?token=Secret#x"

@@ -306,6 +306,10 @@ def test_a_ledger_url_s_password_is_never_printed(
     with pytest.raises(SystemExit, match="unsupported ledger URL scheme 'mysql'") as ended:
         main(["purge"])
     assert "SuperSecretPw" not in str(ended.value.code)
+    monkeypatch.setenv("SENTDP_LEDGER_URL", "sqlite://u:SuperSecretPw@127.0.0.1/test")
+    with pytest.raises(SystemExit, match="a SQLite ledger URL is sqlite:/// and a") as ended:
+        main(["purge"])
+    assert "SuperSecretPw" not in str(ended.value.code)
 
 
 def test_a_bad_setting_is_named_without_its_value(
