@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import sqlite3
 import sys
 from collections.abc import Iterator, Sequence
@@ -36,7 +37,7 @@ from sentdp.errors import SettingsError
 from service.ledger import LedgerMissingError, open_ledger
 from service.ledger.sql import SCRUB_WAIT_SECONDS
 from service.schemas import UserId
-from service.settings import load_settings
+from service.settings import ServiceSettings, load_settings
 from service.tenants import Tenant, TenantsFile, hash_key, new_key, write_private
 from service.views import budget_view
 
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as error:
         raise SystemExit(f"sentdp-admin: {error}") from None
     if args.command == "new-key":
-        new_tenant_key(args, settings.tenants_file)
+        new_tenant_key(args, settings.tenants_file, _state_files(settings))
         return
     if args.command == "set-tenant":
         change_tenant(args, settings.tenants_file)
@@ -414,7 +415,50 @@ def checked_user(user: str) -> str:
         raise SystemExit(f"sentdp-admin: the server refuses that user id: {reason}") from None
 
 
-def new_tenant_key(args: argparse.Namespace, tenants_file: Path) -> None:
+def _state_files(settings: ServiceSettings) -> dict[str, Path]:
+    """The files a key file must never replace, by what they are."""
+    files = {
+        "the tenants file": settings.tenants_file,
+        "the idempotency secret": settings.idempotency_secret_file,
+    }
+    if settings.ledger_url.startswith("sqlite:///"):
+        files["the ledger"] = Path(settings.ledger_url[len("sqlite:///") :])
+    return files
+
+
+def _check_key_file(path: Path, state: dict[str, Path]) -> None:
+    """Refuse a --key-file that would replace anything but an earlier key file: written over
+    the tenants file, the key would have taken every tenant with it."""
+    for what, state_file in state.items():
+        same = path.resolve() == state_file.resolve()
+        with contextlib.suppress(OSError):
+            same = same or path.samefile(state_file)
+        if same:
+            raise SystemExit(f"sentdp-admin: --key-file {path} is {what}; nothing was changed")
+    if not os.path.lexists(path):
+        return
+    if not path.is_file():
+        raise SystemExit(
+            f"sentdp-admin: --key-file {path} exists and is not a file; nothing was changed"
+        )
+    try:
+        with path.open("rb") as existing:
+            held = existing.read(1024)
+    except OSError as error:
+        raise SystemExit(
+            f"sentdp-admin: --key-file {path} exists and cannot be read ({error.strerror}); "
+            "nothing was changed"
+        ) from None
+    if not re.fullmatch(rb"sdp_[A-Za-z0-9_-]+\n?", held):
+        raise SystemExit(
+            f"sentdp-admin: --key-file {path} exists and does not hold one API key; it is not "
+            "replaced, and nothing was changed"
+        )
+
+
+def new_tenant_key(
+    args: argparse.Namespace, tenants_file: Path, state: dict[str, Path] | None = None
+) -> None:
     """``new-key``: add the key (and the tenant), print it once, write it to --key-file. The
     policy options describe a new tenant; for one that exists they are refused, never
     ignored (``set-tenant`` changes its limits)."""
@@ -437,6 +481,7 @@ def new_tenant_key(args: argparse.Namespace, tenants_file: Path) -> None:
     # The key file first: a key is valid only once its holder has it.
     secret = new_key()
     if args.key_file:
+        _check_key_file(args.key_file, {"the tenants file": tenants_file} | (state or {}))
         try:
             write_private(args.key_file, secret + "\n")
         except OSError as error:

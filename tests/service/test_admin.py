@@ -352,10 +352,10 @@ def test_a_key_file_that_cannot_be_written_leaves_no_valid_key(
     holds; a key that is then refused takes its file with it."""
     kept = new_key("acme", capsys)
     before = tenants_file.read_bytes()
-    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "a-file").write_text("x")
     for tenant in ("acme", "new-tenant"):
         with pytest.raises(SystemExit, match=r"cannot write the key file .*nothing was changed"):
-            main(["new-key", "--tenant", tenant, "--key-file", str(tmp_path / "a-folder")])
+            main(["new-key", "--tenant", tenant, "--key-file", str(tmp_path / "a-file" / "k")])
     assert capsys.readouterr().out == ""  # never printed
     assert tenants_file.read_bytes() == before
     assert TenantRegistry.load(tenants_file).authenticate(kept).id == "acme"
@@ -364,3 +364,41 @@ def test_a_key_file_that_cannot_be_written_leaves_no_valid_key(
         main(["new-key", "--tenant", "acme", "--budget", "3", "--key-file", str(key_file)])
     assert not key_file.exists()
     assert tenants_file.read_bytes() == before
+
+
+def test_a_key_file_never_replaces_state_or_a_file_that_is_not_a_key(
+    tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Written over the tenants file, the key took every tenant with it (its clean-up then
+    removed the file); the ledger, the idempotency secret and any other file are kept too."""
+    kept = new_key("acme", capsys)
+    ledger = tmp_path / "ledger.sqlite3"
+    open_ledger(f"sqlite:///{ledger}").close()
+    secret = tmp_path / "secret"
+    secret.write_text("ab" * 32 + "\n")
+    other = tmp_path / "notes.txt"
+    other.write_text("my notes\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(tenants_file)
+    before = tenants_file.read_bytes()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SENTDP_IDEMPOTENCY_SECRET_FILE", str(secret))
+        for target, what in (
+            (tenants_file, "is the tenants file"),
+            (link, "is the tenants file"),
+            (ledger, "is the ledger"),
+            (secret, "is the idempotency secret"),
+            (other, "does not hold one API key"),
+            (tmp_path, "is not a file"),
+        ):
+            with pytest.raises(SystemExit, match=what):
+                main(["new-key", "--tenant", "beta", "--key-file", str(target)])
+    assert tenants_file.read_bytes() == before
+    assert secret.read_text() == "ab" * 32 + "\n"
+    assert other.read_text() == "my notes\n"
+    assert TenantRegistry.load(tenants_file).authenticate(kept).id == "acme"
+    assert capsys.readouterr().out == ""
+    again = tmp_path / "beta.key"
+    main(["new-key", "--tenant", "beta", "--key-file", str(again)])
+    main(["new-key", "--tenant", "beta", "--key-file", str(again)])  # a key file is replaced
+    assert again.read_text().strip() == capsys.readouterr().out.split()[-1]
