@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 import re
 import time
@@ -350,7 +351,7 @@ def tenant_accounting(url: str, key: str) -> str:
     reply.raise_for_status()
     try:
         accounting = reply.json()["accounting"]
-    except (ValueError, KeyError, TypeError):
+    except (*UNREADABLE, KeyError, TypeError):
         raise UnexpectedAnswerError("/budget answered without an accountant") from None
     if accounting not in ACCOUNTANTS:
         raise UnexpectedAnswerError(
@@ -360,12 +361,34 @@ def tenant_accounting(url: str, key: str) -> str:
 
 
 ACCOUNTANTS = (PURE, ZCDP)
+UNREADABLE: tuple[type[Exception], ...] = (ValueError, RecursionError)
+"""What reading a body as JSON raises for one that is not (nested past Python's recursion
+limit, a number over its digit limit, a body whose Content-Encoding it does not have:
+httpx's DecodingError is added where httpx is imported)."""
 
 
 class UnexpectedAnswerError(SentDPError):
     """The deployment answered 2xx with something that is not sentdp's answer (another
     service at the URL, a proxy's page, a version that answers otherwise): the audit stops
     rather than scoring samples it did not get."""
+
+
+def candidate_id(value: object) -> int:
+    """A candidate's index as the answer gives it: a JSON integer, never below 0 (``int()``
+    would take 3.7, "3" or true, and a negative index would count as a real candidate)."""
+    if type(value) is not int or value < 0:
+        raise TypeError("a candidate is a non-negative integer")
+    return value
+
+
+def retry_after(header: str | None) -> float:
+    """Seconds to wait before a retry: the Retry-After header's seconds, kept within [0, 60];
+    1 when it is absent or not a number (an HTTP date, say)."""
+    try:
+        seconds = float(header) if header is not None else 1.0
+    except ValueError:
+        return 1.0
+    return min(max(seconds, 0.0), 60.0) if math.isfinite(seconds) else 1.0
 
 
 def http_sampler(
@@ -405,15 +428,15 @@ def http_sampler(
                 continue
             if response.status_code not in (429, 503) or attempt == RETRIES - 1:
                 break
-            time.sleep(float(response.headers.get("Retry-After", 1)))
+            time.sleep(retry_after(response.headers.get("Retry-After")))
         response.raise_for_status()
         try:
             documents = response.json()["documents"]
             drawn = [
-                label_index[d["label"]] if labels is not None else int(d["candidate"])
+                label_index[d["label"]] if labels is not None else candidate_id(d["candidate"])
                 for d in documents
             ]
-        except (ValueError, KeyError, TypeError):
+        except (*UNREADABLE, httpx.DecodingError, KeyError, TypeError):
             raise UnexpectedAnswerError(f"{path} answered without a sample per document") from None
         if len(drawn) != size:
             raise UnexpectedAnswerError(

@@ -160,7 +160,10 @@ def _http_errors(console: Console, url: str, what: str) -> Iterator[None]:
     except httpx.TransportError as error:
         console.print(f"sentdp-audit: cannot reach {shown_url(url)}: {error}")
         sys.exit(2)
-    except httpx.InvalidURL:  # its message can quote the URL's user-info
+    except httpx.DecodingError:
+        console.print(f"sentdp-audit: the answer to {what} could not be decoded")
+        sys.exit(2)
+    except (httpx.InvalidURL, UnicodeError):  # the message can quote the URL's user-info
         console.print(f"sentdp-audit: --url {shown_url(url)} is not a valid URL")
         sys.exit(2)
 

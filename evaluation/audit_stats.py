@@ -141,6 +141,8 @@ def fit_pvalue(
 
     p = np.asarray(probabilities, dtype=np.float64)
     drawn = np.asarray(outcomes, dtype=np.int64)
+    if len(drawn) and ((drawn < 0) | (drawn >= len(p))).any():
+        return 0.0  # not an outcome at all (a negative index would wrap onto a real one)
     if len(drawn) and (p[drawn] <= 0).any():
         return 0.0  # an outcome the distribution never produces
     n = len(outcomes)

@@ -356,19 +356,22 @@ def logged_events(records: Iterable[logging.LogRecord], event: str) -> list[dict
 
 
 @contextlib.contextmanager
-def json_server(answer: Callable[[str], tuple[int, Any]]) -> Iterator[str]:
-    """A local HTTP server that answers every POST with ``answer(path)``, a status and a JSON
-    body: another service at a URL a client under test is given. Yields the URL."""
+def json_server(answer: Callable[[str], tuple[Any, ...]]) -> Iterator[str]:
+    """A local HTTP server that answers every POST with ``answer(path)``: a status, a body
+    (sent as JSON, or as it is when it is bytes) and optionally a dict of extra headers;
+    another service at a URL a client under test is given. Yields the URL."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Answering(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            status, body = answer(self.path)
-            data = json.dumps(body).encode()
+            status, body, *extra = answer(self.path)
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in (extra[0] if extra else {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
 

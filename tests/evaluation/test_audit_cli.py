@@ -12,6 +12,7 @@ from rich.console import Console
 from evaluation.audit import UnexpectedAnswerError, http_sampler, tenant_accounting
 from evaluation.audit_cli import _http_errors, parse_args
 from evaluation.audit_cli import main as audit_main
+from evaluation.audit_stats import fit_pvalue
 from evaluation.cli import main as eval_main
 from tests.support import json_server
 
@@ -81,6 +82,41 @@ def test_answers_that_are_not_sentdp_s_stop_the_audit_instead_of_passing_it() ->
         with pytest.raises(UnexpectedAnswerError):
             one_by_one(["One sentence.", "Another one."], 1.0, 50)
         assert len(posts) <= 2
+
+
+def test_garbled_answers_end_the_audit_with_a_message() -> None:
+    """A body that is not what its headers say, JSON nested past the recursion limit, or
+    candidates that are not indices (a negative one would count as a real candidate)."""
+    answers = iter(
+        [
+            (200, b"not gzip", {"Content-Encoding": "gzip"}),
+            (200, b"[" * 100_000),
+            (200, {"documents": [{"candidate": -1}]}),
+            (200, {"documents": [{"candidate": 2.0}]}),
+            (200, {"documents": [{"candidate": True}]}),
+            (503, {}, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}),
+            (200, {"documents": [{"candidate": 3}]}),
+        ]
+    )
+    with json_server(lambda path: next(answers)) as url:
+        console = Console(record=True, width=200)
+        with pytest.raises(SystemExit), _http_errors(console, url, "/budget"):
+            tenant_accounting(url, "sdp_key")
+        assert "the answer to /budget could not be decoded" in console.export_text()
+        with pytest.raises(UnexpectedAnswerError, match="without an accountant"):
+            tenant_accounting(url, "sdp_key")
+        sample = http_sampler(url, "sdp_key", batch=1, concurrency=1)
+        for _ in range(3):
+            with pytest.raises(UnexpectedAnswerError, match="without a sample per document"):
+                sample(["One sentence.", "Another one."], 1.0, 1)
+        assert sample(["One sentence.", "Another one."], 1.0, 1) == [3]  # retried after 1 s
+    console = Console(record=True, width=300)
+    long_label = "http://" + "a" * 64 + ".example:9"  # a host label over 63 characters
+    with pytest.raises(SystemExit), _http_errors(console, long_label, "/budget"):
+        tenant_accounting(long_label, "sdp_key")
+    assert "is not a valid URL" in console.export_text()
+    assert fit_pvalue([-1, -2, -3, -4] * 25, [0.25] * 4) == 0.0
+    assert fit_pvalue([0, 1, 2, 3] * 25, [0.25] * 4) == 1.0
 
 
 def test_a_key_file_must_hold_one_key_and_is_never_echoed(
