@@ -351,7 +351,7 @@ def tenant_accounting(url: str, key: str) -> str:
     reply.raise_for_status()
     try:
         accounting = reply.json()["accounting"]
-    except (*UNREADABLE, KeyError, TypeError):
+    except (ValueError, RecursionError, KeyError, TypeError):  # not JSON, or not the answer
         raise UnexpectedAnswerError("/budget answered without an accountant") from None
     if accounting not in ACCOUNTANTS:
         raise UnexpectedAnswerError(
@@ -361,10 +361,6 @@ def tenant_accounting(url: str, key: str) -> str:
 
 
 ACCOUNTANTS = (PURE, ZCDP)
-UNREADABLE: tuple[type[Exception], ...] = (ValueError, RecursionError)
-"""What reading a body as JSON raises for one that is not (nested past Python's recursion
-limit, a number over its digit limit, a body whose Content-Encoding it does not have:
-httpx's DecodingError is added where httpx is imported)."""
 
 
 class UnexpectedAnswerError(SentDPError):
@@ -436,7 +432,7 @@ def http_sampler(
                 label_index[d["label"]] if labels is not None else candidate_id(d["candidate"])
                 for d in documents
             ]
-        except (*UNREADABLE, httpx.DecodingError, KeyError, TypeError):
+        except (ValueError, RecursionError, httpx.DecodingError, KeyError, TypeError):
             raise UnexpectedAnswerError(f"{path} answered without a sample per document") from None
         if len(drawn) != size:
             raise UnexpectedAnswerError(
