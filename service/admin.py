@@ -38,7 +38,14 @@ from service.ledger import LedgerMissingError, open_ledger
 from service.ledger.sql import SCRUB_WAIT_SECONDS
 from service.schemas import UserId
 from service.settings import ServiceSettings, load_settings
-from service.tenants import Tenant, TenantsFile, hash_key, new_key, write_private
+from service.tenants import (
+    Tenant,
+    TenantsFile,
+    hash_key,
+    new_key,
+    problems_of,
+    write_private,
+)
 from service.views import budget_view
 
 
@@ -67,16 +74,13 @@ def _read(path: Path) -> TenantsFile:
         ) from None
     except ValidationError as error:
         raise SystemExit(
-            f"sentdp-admin: the tenants file {path} is not valid: {_problems(error)}"
+            f"sentdp-admin: the tenants file {path} is not valid: {problems_of(error)}"
         ) from None
-
-
-def _problems(error: ValidationError) -> str:
-    """Where and what, without the values (pydantic's own message quotes them)."""
-    return "; ".join(
-        f"{'.'.join(str(part) for part in problem['loc']) or '(the file)'}: {problem['msg']}"
-        for problem in error.errors(include_url=False, include_input=False, include_context=False)
-    )
+    except (RecursionError, ValueError):  # nested too deep; a number over Python's digit limit
+        raise SystemExit(
+            f"sentdp-admin: the tenants file {path} is not a tenants file (JSON nested too "
+            "deep or a number too long)"
+        ) from None
 
 
 def _write(path: Path, tenants: TenantsFile) -> None:

@@ -28,7 +28,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sentdp.accounting import MAX_LEDGER_VALUE, MICRO, Policy, budget_micro
 from sentdp.zcdp import rho_budget_micro
@@ -132,7 +139,17 @@ class TenantRegistry:
             raise FileNotFoundError(
                 f"no tenants file at {path}: create one with `sentdp-admin new-key --tenant ...`"
             )
-        return cls(TenantsFile.model_validate(json.loads(path.read_text())).tenants)
+        try:
+            tenants = TenantsFile.model_validate(json.loads(path.read_text())).tenants
+        except ValidationError as error:
+            problem = ValueError(f"the tenants file {path} is not valid: {problems_of(error)}")
+        except RecursionError:
+            problem = ValueError(f"the tenants file {path} is JSON nested too deep")
+        else:
+            return cls(tenants)
+        # raised out here: pydantic's error quotes the values (a key pasted where its hash
+        # belongs), and the server logs this one with its traceback
+        raise problem
 
     def authenticate(self, key: str | None) -> Tenant | None:
         if not key:
@@ -194,6 +211,14 @@ class TenantSource:
                         "the tenants file changed but does not load; keeping the previous one"
                     )
         return self._registry
+
+
+def problems_of(error: ValidationError) -> str:
+    """Where and what, without the values (pydantic's own message quotes them)."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in problem['loc']) or '(the file)'}: {problem['msg']}"
+        for problem in error.errors(include_url=False, include_input=False, include_context=False)
+    )
 
 
 def write_private(path: Path, text: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,35 @@ def test_a_running_source_sees_a_revocation_after_its_interval(
     tenants_file.write_text("{broken")  # a bad file keeps the last good registry
     now[0] = 3.0
     assert source.registry().get("acme") is not None
+
+
+def test_a_tenants_file_the_server_cannot_load_is_logged_without_its_values(
+    tenants_file: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator who pastes a key where its hash belongs: pydantic's message quotes it, and
+    the server logs the error with its traceback when it reloads the file (or starts)."""
+    key = new_key("acme", capsys)
+    now = [0.0]
+    source = TenantSource(tenants_file, interval=1.0, clock=lambda: now[0])
+    pasted = json.loads(tenants_file.read_text())
+    pasted["tenants"][0]["key_sha256"] = [key]
+    tenants_file.write_text(json.dumps(pasted))
+    now[0] = 2.0
+    with caplog.at_level("ERROR", logger="sentdp.service"):
+        assert source.registry().get("acme") is not None  # the last good one
+    (record,) = caplog.records
+    logged = caplog.text + "".join(traceback.format_exception(*record.exc_info))
+    assert "key_sha256 holds lowercase hex SHA-256 digests" in logged
+    assert key not in logged
+    assert "sdp_" not in logged
+    with pytest.raises(ValueError, match="is not valid") as refused:
+        TenantRegistry.load(tenants_file)  # as the server starts
+    assert key not in "".join(traceback.format_exception(refused.value))
+    tenants_file.write_text("[" * 100_000)
+    with pytest.raises(ValueError, match="nested too deep"):
+        TenantRegistry.load(tenants_file)
+    with pytest.raises(SystemExit, match="not a tenants file"):
+        main(["budget", "--tenant", "acme", "--user", "u"])
 
 
 def test_purge_reports_what_it_deleted(
