@@ -82,7 +82,7 @@ def _read_results(folder: Path, console: Console) -> EvaluationResults:
     """The ``results.json`` of a report folder, or a message naming it."""
     try:
         return read_results(folder)
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
         fail(console, f"{folder / RESULTS} cannot be read as sentdp-eval's results: {error!r}")
 
 
@@ -118,7 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.render_only:
         if args.out is None or not (args.out / RESULTS).is_file():
             fail(console, f"--render-only needs --out with a {RESULTS}")
-        for path in write_report(_read_results(args.out, console), args.out):
+        try:
+            written = write_report(_read_results(args.out, console), args.out)
+        except (ValueError, KeyError, TypeError) as error:  # values sentdp-eval never writes
+            fail(console, f"{args.out / RESULTS} holds results that cannot be drawn: {error!r}")
+        for path in written:
             console.print(f"wrote {path}")
         return
     if not args.model:

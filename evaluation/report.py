@@ -42,9 +42,10 @@ def read_results(out: Path) -> EvaluationResults:
 def write_report(results: EvaluationResults, out: Path) -> list[Path]:
     """Write results.json, report.md and both plots into ``out``; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / RESULTS).write_text(json.dumps(results.to_json(), indent=2))
+    markdown = _markdown(results)  # rendered before anything is written: results that cannot
     plots = [_eps_plot(results, out / "eps_sweep.png"), _k_plot(results, out / "k_sweep.png")]
-    (out / "report.md").write_text(_markdown(results))
+    (out / RESULTS).write_text(json.dumps(results.to_json(), indent=2))  # be leave it as it was
+    (out / "report.md").write_text(markdown)
     return [out / RESULTS, out / "report.md", *plots]
 
 

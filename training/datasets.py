@@ -365,12 +365,19 @@ def _read_rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, object]]:
 
 def _json_rows(path: Path) -> list[dict[str, object]]:
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines()):
+    # JSON Lines are separated by "\n" alone: splitlines() would also cut at U+2028 or U+0085,
+    # which JSON allows raw inside a string
+    for number, line in enumerate(path.read_text(encoding="utf-8-sig").split("\n")):
         if line.strip():
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
                 raise InputError(f"line {number + 1} of {path} is not JSON: {error}") from None
+            except (RecursionError, ValueError):  # nested too deep, or a number too long
+                raise InputError(
+                    f"line {number + 1} of {path} is not a JSON object sentdp can read (nested "
+                    "too deep or a number too long)"
+                ) from None
             if not isinstance(row, dict):
                 raise InputError(f"line {number + 1} of {path} is not a JSON object")
             rows.append(row)

@@ -66,6 +66,24 @@ def test_results_that_are_not_sentdp_eval_s_are_a_message(
         assert "results.json cannot be read as sentdp-eval's results" in error
 
 
+def test_hand_edited_results_are_a_message_and_the_file_is_left_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "results.json").write_text("[" * 100_000)
+    with pytest.raises(SystemExit) as exited:
+        main(["--render-only", "--out", str(tmp_path)])
+    assert exited.value.code == 2
+    data = json.loads((REPORTS / COMMITTED[0] / "results.json").read_text())
+    data["eps_sweep"]["word_mdp"]["1"]["mean"] = "x"
+    edited = json.dumps(data)
+    (tmp_path / "results.json").write_text(edited)
+    with pytest.raises(SystemExit) as exited:
+        main(["--render-only", "--out", str(tmp_path)])
+    assert exited.value.code == 2
+    assert "holds results that cannot be drawn" in " ".join(capsys.readouterr().err.split())
+    assert (tmp_path / "results.json").read_text() == edited
+
+
 def test_bad_flags_are_refused_before_anything_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

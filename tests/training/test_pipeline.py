@@ -396,6 +396,22 @@ def test_too_small_classes_are_counted_and_at_most_twenty_named(tmp_path: Path) 
     assert len(message) < 2000
 
 
+def test_jsonl_lines_split_at_newlines_only_and_unreadable_json_is_a_message(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "odd.jsonl"
+    rows = [
+        {"text": f"Doc {i}\u2028starts. It\u0085ends {i}.", "label": "ab"[i % 2]} for i in range(6)
+    ]
+    path.write_text("\n".join(json.dumps(row, ensure_ascii=False) for row in rows) + "\n")
+    corpus = load_user_corpus(path, "text", "label", True, TextLimits())
+    assert len(corpus.documents) == 6  # U+2028 and U+0085 are inside strings, not line ends
+    for bad in ("[" * 100_000, '{"text": "A. B.", "label": ' + "9" * 5000 + "}"):
+        path.write_text('{"text": "A. B.", "label": "a"}\n' + bad + "\n")
+        with pytest.raises(InputError, match=r"line 2 of .* is not a JSON object sentdp can read"):
+            load_user_corpus(path, "text", "label", True, TextLimits())
+
+
 def test_a_column_named_twice_or_a_label_that_is_not_one_value_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "twice.csv"
     path.write_text("text,label,text\nOne here. Two there.,a,Other.\n")
