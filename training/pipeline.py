@@ -53,7 +53,7 @@ from training.p_selection import (
 )
 from training.prototypes import DEFAULT_PER_CLASS, prototype_variants
 from training.settings import TrainingSettings
-from training.store import check_new_tag, save_to_store
+from training.store import check_new_tag, check_store, save_to_store
 from training.variants import (
     TrainingData,
     VariantSpec,
@@ -173,6 +173,25 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def _opened_encoder(
+    config: TrainConfig, settings: TrainingSettings, corpus: Corpus, splits: Splits
+) -> Encoder:
+    """:func:`_encoder`, with a ``SENTDP_ENCODER_DIR`` that does not load (a broken
+    ``modules.json``, a config without a model type) reported as the user's mistake."""
+    try:
+        return _encoder(config, settings, corpus, splits)
+    except InputError:
+        raise
+    except (OSError, ValueError, KeyError) as error:
+        if settings.encoder_dir is None:  # the packaged encoder: sentdp's own problem
+            raise
+        why = " ".join(str(error).split())[:300]
+        raise InputError(
+            f"SENTDP_ENCODER_DIR {settings.encoder_dir} does not load as a sentence-transformers "
+            f"model ({type(error).__name__}: {why})"
+        ) from None
+
+
 def _encoder(
     config: TrainConfig, settings: TrainingSettings, corpus: Corpus, splits: Splits
 ) -> Encoder:
@@ -211,6 +230,7 @@ def run_training(
     """Train a bundle and save it to the BentoML store; every choice is made on validation.
     ``commit_guard`` is entered around the copy into the store."""
     console = console or plain_console()
+    check_store()
     if config.name:
         stored_as = check_new_tag(config.name)
         if stored_as != config.name:
@@ -230,7 +250,7 @@ def run_training(
         f"splits {splits.sizes()}"
     )
     seed_everything(config.seed, settings.threads)
-    encoder = _encoder(config, settings, corpus, splits)
+    encoder = _opened_encoder(config, settings, corpus, splits)
     splitter = SentenceSplitter().describe() | {"sentences_from": corpus.sentences_from}
     embeddings = _embed(corpus, encoder, settings, splitter, console)
     bundle, scores = build_bundle(config, corpus, splits, encoder, embeddings, splitter, console)

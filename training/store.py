@@ -40,6 +40,23 @@ def save_to_store(
     return tag
 
 
+def check_store() -> None:
+    """Refuse, before any training, a BentoML store that cannot be read (``BENTOML_HOME`` a
+    file, or a folder that cannot be made), which would otherwise fail only at the save."""
+    import bentoml
+
+    try:
+        bentoml.models.list()
+    except OSError as error:
+        raise _unusable_store(error) from None
+
+
+def _unusable_store(error: OSError) -> InputError:
+    return InputError(
+        f"the BentoML model store cannot be used (check BENTOML_HOME): {error.strerror or error}"
+    )
+
+
 def load_from_store(tag: str) -> Bundle:
     """The bundle of a BentoML model tag (``name:version`` or ``name:latest``); a tag that is
     not one, or not in the store, is an :class:`~sentdp.errors.InputError`."""
@@ -50,6 +67,8 @@ def load_from_store(tag: str) -> Bundle:
         model = bentoml.models.get(tag)
     except NotFound:
         raise InputError(f"no model {tag!r} in the BentoML store") from None
+    except OSError as error:
+        raise _unusable_store(error) from None
     except (ValueError, BentoMLException) as error:
         raise InputError(f"{tag!r} is not a BentoML model tag: {error}") from None
     return Bundle.load(Path(model.path))

@@ -123,3 +123,24 @@ def test_a_stop_waits_while_the_model_is_saved_and_is_ignored_once_it_is(
         ignoring.restore()
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_store_that_cannot_be_used_stops_the_run_before_the_corpus_is_read(
+    tmp_path: Path,
+) -> None:
+    """It failed only at the save, after the whole training."""
+    home = tmp_path / "a-file"
+    home.write_text("")
+    ended = subprocess.run(
+        [sys.executable, "-m", "training.cli", "--dataset", str(tmp_path / "x.csv")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "BENTOML_HOME": str(home)},
+    )
+    assert ended.returncode == 2
+    assert "the BentoML model store cannot be used (check BENTOML_HOME)" in " ".join(
+        ended.stderr.split()
+    )

@@ -412,6 +412,20 @@ def test_jsonl_lines_split_at_newlines_only_and_unreadable_json_is_a_message(
             load_user_corpus(path, "text", "label", True, TextLimits())
 
 
+def test_an_encoder_dir_that_does_not_load_is_the_user_s_mistake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = [{"text": f"Doc {i} starts. It ends {i}.", "label": "ab"[i % 2]} for i in range(12)]
+    path = write_jsonl(tmp_path / "small.jsonl", rows)
+    broken = tmp_path / "encoder"
+    broken.mkdir()
+    (broken / "modules.json").write_text("garbage")
+    monkeypatch.setenv("SENTDP_ENCODER_DIR", str(broken))
+    config = TrainConfig(dataset=str(path), corpus_is_public=True).quick()
+    with pytest.raises(InputError, match=r"SENTDP_ENCODER_DIR .* does not load as a sentence"):
+        run_training(config, load_settings())
+
+
 def test_a_column_named_twice_or_a_label_that_is_not_one_value_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "twice.csv"
     path.write_text("text,label,text\nOne here. Two there.,a,Other.\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sentdp.encoders import named_device, pick_device
+from sentdp.errors import InputError, SettingsError
 from training.settings import load_settings
 
 
@@ -29,3 +30,21 @@ def test_auto_names_no_device(
     assert named_device(value) == device
     if device is None:
         assert pick_device(value) in ("cpu", "cuda")
+
+
+@pytest.mark.parametrize("value", ["bogus", "meta", "cpu:1", "ünï", "cuda:x", "cuda:1:2"])
+def test_a_device_torch_has_no_name_for_is_refused_before_the_run(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """They failed deep in a run (a SafetensorError after the corpus was read)."""
+    monkeypatch.setenv("SENTDP_DEVICE", value)
+    with pytest.raises(SettingsError, match="SENTDP_DEVICE: the device must be auto, cpu"):
+        load_settings()
+
+
+def test_a_cuda_device_the_machine_lacks_is_refused() -> None:
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(InputError, match=f"device cuda:{count} was asked for; this machine has"):
+        pick_device(f"cuda:{count}")
