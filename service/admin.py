@@ -55,6 +55,8 @@ def _read(path: Path) -> TenantsFile:
     content (a key pasted where its hash belongs must not be echoed)."""
     if path.is_dir():
         raise SystemExit(f"sentdp-admin: the tenants file {path} is a directory")
+    if os.path.lexists(path) and not path.is_file():  # a FIFO, a device, a dangling link
+        raise SystemExit(f"sentdp-admin: the tenants file {path} is not a regular file")
     if not path.is_file():
         return TenantsFile()
     try:
@@ -173,6 +175,8 @@ def _revoke_keys(path: Path, tenant_id: str, key: str | None) -> int:
     if tenant_id not in existing:
         raise SystemExit(f"sentdp-admin: no tenant {tenant_id!r} in {path}")
     current = existing[tenant_id]
+    if key is not None and not key.isascii():  # no key is (and a lone surrogate cannot hash)
+        raise SystemExit(f"sentdp-admin: that key is not one of the keys of tenant {tenant_id!r}")
     kept = [] if key is None else [h for h in current.key_sha256 if h != hash_key(key)]
     removed = len(current.key_sha256) - len(kept)
     if key is not None and removed == 0:
@@ -298,6 +302,14 @@ def main(argv: list[str] | None = None) -> None:
         settings = load_settings()
     except SettingsError as error:
         raise SystemExit(f"sentdp-admin: {error}") from None
+    try:
+        _command(args, settings)
+    except OSError as error:  # a state folder that cannot be made or written, say
+        where = f" ({error.filename})" if error.filename else ""
+        raise SystemExit(f"sentdp-admin: {error.strerror or error}{where}") from None
+
+
+def _command(args: argparse.Namespace, settings: ServiceSettings) -> None:
     if args.command == "new-key":
         new_tenant_key(args, settings.tenants_file, _state_files(settings))
         return

@@ -432,3 +432,24 @@ def test_a_key_file_never_replaces_state_or_a_file_that_is_not_a_key(
     main(["new-key", "--tenant", "beta", "--key-file", str(again)])
     main(["new-key", "--tenant", "beta", "--key-file", str(again)])  # a key file is replaced
     assert again.read_text().strip() == capsys.readouterr().out.split()[-1]
+
+
+def test_tenants_file_paths_that_cannot_be_used_are_messages(
+    tenants_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tracebacks before (a parent that is a file, a key that is not text), and a FIFO was
+    taken for a missing file and replaced."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("SENTDP_TENANTS_FILE", str(tmp_path / "a-file" / "tenants.json"))
+    with pytest.raises(SystemExit, match=r"sentdp-admin: .*a-file"):
+        main(["new-key", "--tenant", "acme"])
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("SENTDP_TENANTS_FILE", str(fifo))
+    with pytest.raises(SystemExit, match="is not a regular file"):
+        main(["new-key", "--tenant", "acme"])
+    assert fifo.is_fifo()
+    monkeypatch.setenv("SENTDP_TENANTS_FILE", str(tenants_file))
+    main(["new-key", "--tenant", "acme"])
+    with pytest.raises(SystemExit, match="that key is not one of the keys"):
+        main(["revoke-key", "--tenant", "acme", "--key", "sdp_\udcff"])  # argv's bad byte
