@@ -81,7 +81,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.key_file.is_file():
         parser.error(f"no key file at {args.key_file}")
     try:
-        key = args.key_file.read_text(encoding="utf-8").strip()
+        key = args.key_file.read_text(encoding="utf-8-sig").strip()  # a BOM from an editor
     except (OSError, UnicodeDecodeError):
         key = ""
     if not key or not key.isascii() or not all(c.isprintable() and c != " " for c in key):

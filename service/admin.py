@@ -289,6 +289,8 @@ def _set_limits(path: Path, tenant_id: str, limits: dict[str, Any]) -> tuple[Ten
     before = existing[tenant_id]
     try:
         updated = Tenant.model_validate(before.model_dump() | limits)
+    except ValidationError as error:
+        raise SystemExit(f"sentdp-admin: invalid tenant: {problems_of(error)}") from None
     except ValueError as error:
         raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None
     existing[tenant_id] = updated
@@ -519,6 +521,8 @@ def new_tenant_key(
     except BaseException as error:  # the key was not added: its file must not suggest it was
         if args.key_file:
             args.key_file.unlink(missing_ok=True)
+        if isinstance(error, ValidationError):
+            raise SystemExit(f"sentdp-admin: invalid tenant: {problems_of(error)}") from None
         if isinstance(error, ValueError):
             raise SystemExit(f"sentdp-admin: invalid tenant: {error}") from None
         raise

@@ -14,10 +14,10 @@ import functools
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import platformdirs
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 WORKER_CALL_SHARE = 0.9
@@ -36,12 +36,17 @@ def _data_dir(data: dict[str, Any]) -> Path:
     return Path(state) if state else platformdirs.user_data_path("sentdp")
 
 
+def _unset_if_empty(value: object) -> object:
+    """``SENTDP_STATE_DIR=`` means unset, not the current folder (pydantic reads "" as ".")."""
+    return None if isinstance(value, str) and not value.strip() else value
+
+
 class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SENTDP_", extra="ignore")
 
     model: str = "sentdp-bbc-news:latest"
     """BentoML model tag of the bundle to serve."""
-    state_dir: Path | None = None
+    state_dir: Annotated[Path | None, BeforeValidator(_unset_if_empty)] = None
     """Default folder of the ledger, the tenants file and the idempotency secret (each can
     still be set on its own); in a container, a mounted volume."""
     allow_ephemeral_state: bool = False

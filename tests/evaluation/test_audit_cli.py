@@ -133,6 +133,13 @@ def test_a_key_file_must_hold_one_key_and_is_never_echoed(
         assert "sdp_" not in error.replace(str(tmp_path), "")
 
 
+def test_a_key_file_an_editor_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    key_file = tmp_path / "key.txt"
+    key_file.write_bytes(b"\xef\xbb\xbfsdp_key\n")
+    args = parse_args(["--url", "http://x", "--key-file", str(key_file), "--model", "m"])
+    assert args.key == "sdp_key"
+
+
 def test_an_unknown_model_or_a_bad_setting_is_a_message_and_status_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -453,3 +453,15 @@ def test_tenants_file_paths_that_cannot_be_used_are_messages(
     main(["new-key", "--tenant", "acme"])
     with pytest.raises(SystemExit, match="that key is not one of the keys"):
         main(["revoke-key", "--tenant", "acme", "--key", "sdp_\udcff"])  # argv's bad byte
+
+
+def test_an_invalid_tenant_is_one_line_without_pydantic_s_links(
+    tenants_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main(["new-key", "--tenant", "bad tenant!"])
+    message = str(ended.value.code)
+    assert message.startswith("sentdp-admin: invalid tenant: id: String should match pattern")
+    assert "\n" not in message
+    assert "errors.pydantic.dev" not in message
+    assert not tenants_file.exists()

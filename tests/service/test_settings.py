@@ -178,3 +178,15 @@ def test_a_bad_setting_is_named_and_no_setting_value_is_quoted(
     assert password not in str(error.value)
     assert "100000" not in str(error.value)
     boot_settings.cache_clear()
+
+
+def test_an_empty_state_dir_is_unset_not_the_current_folder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SENTDP_STATE_DIR", "")
+    for name in ("SENTDP_TENANTS_FILE", "SENTDP_LEDGER_URL", "SENTDP_IDEMPOTENCY_SECRET_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    settings = ServiceSettings()
+    assert settings.state_dir is None
+    assert settings.tenants_file.is_absolute()
+    assert settings.tenants_file != Path("tenants.json").absolute()
