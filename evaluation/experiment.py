@@ -96,7 +96,15 @@ def evaluation_corpus(
         text_column=str(extra.get("text_column", "text")),
         label_column=str(extra.get("label_column", "label")),
     )
-    corpus = load_corpus(spec, settings)
+    try:
+        corpus = load_corpus(spec, settings)
+    except InputError as error:
+        if dataset is None and str(error).startswith("no such corpus file"):
+            raise InputError(
+                f"{error} (the path {bundle.manifest.name} was trained from; give the file's "
+                "path now with --dataset)"
+            ) from None
+        raise
     if corpus.sha256 != bundle.manifest.corpus.sha256:  # its test split is other documents
         raise InputError(
             f"{spec.dataset} is not the file {bundle.manifest.name} was trained on (sha256 "

@@ -316,7 +316,7 @@ def test_an_int8_bundle_records_and_carries_its_encoder(
     with pytest.raises(InputError, match="cannot serve with torch"):
         stored.check_encoder("torch")
     monkeypatch.chdir(REPO)  # the relative path no longer reaches it: --dataset does
-    with pytest.raises(InputError, match=r"no such corpus file: int8\.jsonl"):
+    with pytest.raises(InputError, match=r"no such corpus file: int8\.jsonl .* with --dataset"):
         evaluation_corpus(stored, load_settings())
     again, splits = evaluation_corpus(stored, load_settings(), str(path))
     assert len(again.documents) == stored.manifest.corpus.documents
