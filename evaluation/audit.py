@@ -29,7 +29,7 @@ from evaluation.audit_stats import fit_pvalue, lower_bound, range_bound, ratio_b
 from sentdp.accounting import PURE, ZCDP, charge_for, epsilon_of_charge
 from sentdp.bundle import Bundle
 from sentdp.encoders import Encoder, recode
-from sentdp.errors import SentDPError
+from sentdp.errors import InputError, SentDPError
 from sentdp.text import SentenceSplitter, TextLimits, split_document
 
 Document = list[str] | str
@@ -347,7 +347,10 @@ def tenant_accounting(url: str, key: str) -> str:
 
     headers = {"Authorization": f"Bearer {key}"}
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:  # as the sampler
-        reply = http.post("/budget", json={"user": "audit-accounting"})
+        try:
+            reply = http.post("/budget", json={"user": "audit-accounting"})
+        except UnicodeError:  # the first request: a host name IDNA refuses (a long label)
+            raise InputError("the --url's host name is not a valid one") from None
     reply.raise_for_status()
     try:
         accounting = reply.json()["accounting"]

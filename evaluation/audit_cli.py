@@ -163,7 +163,7 @@ def _http_errors(console: Console, url: str, what: str) -> Iterator[None]:
     except httpx.DecodingError:
         console.print(f"sentdp-audit: the answer to {what} could not be decoded")
         sys.exit(2)
-    except (httpx.InvalidURL, UnicodeError):  # the message can quote the URL's user-info
+    except httpx.InvalidURL:  # its message can quote the URL's user-info
         console.print(f"sentdp-audit: --url {shown_url(url)} is not a valid URL")
         sys.exit(2)
 
@@ -183,7 +183,7 @@ def _reason(response: httpx.Response) -> str:
     try:
         error = response.json()["error"]
         return f"HTTP {response.status_code} {error['code']}: {error['message']}"
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return f"HTTP {response.status_code}"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,15 @@ def read_results(out: Path) -> EvaluationResults:
 def write_report(results: EvaluationResults, out: Path) -> list[Path]:
     """Write results.json, report.md and both plots into ``out``; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    markdown = _markdown(results)  # rendered before anything is written: results that cannot
-    plots = [_eps_plot(results, out / "eps_sweep.png"), _k_plot(results, out / "k_sweep.png")]
-    (out / RESULTS).write_text(json.dumps(results.to_json(), indent=2))  # be leave it as it was
+    # Everything is drawn before any of it replaces the folder's files: results that cannot
+    # be drawn (a hand-edited results.json) leave the report as it was.
+    markdown = _markdown(results)
+    plots = {"eps_sweep.png": _eps_plot(results), "k_sweep.png": _k_plot(results)}
+    for name, png in plots.items():
+        (out / name).write_bytes(png)
+    (out / RESULTS).write_text(json.dumps(results.to_json(), indent=2))
     (out / "report.md").write_text(markdown)
-    return [out / RESULTS, out / "report.md", *plots]
+    return [out / RESULTS, out / "report.md", *(out / name for name in plots)]
 
 
 def label_of(method: str, results: EvaluationResults) -> str:
@@ -179,7 +184,7 @@ def _axes() -> tuple[Any, Any]:
     return figure, axes
 
 
-def _eps_plot(results: EvaluationResults, path: Path) -> Path:
+def _eps_plot(results: EvaluationResults) -> bytes:
     figure, axes = _axes()
     eps = list(results.epsilons)
     for method in results.methods:
@@ -198,10 +203,10 @@ def _eps_plot(results: EvaluationResults, path: Path) -> Path:
     axes.set_xscale("log")
     axes.set_xticks(eps, [f"{e:g}" for e in eps])
     axes.set_xlabel("ε")
-    return _finish(figure, axes, f"{results.corpus}: sweep ε", path)
+    return _finish(figure, axes, f"{results.corpus}: sweep ε")
 
 
-def _k_plot(results: EvaluationResults, path: Path) -> Path:
+def _k_plot(results: EvaluationResults) -> bytes:
     figure, axes = _axes()
     bins = results.k_sweep.bins
     for method, rows in results.k_sweep.methods.items():
@@ -222,14 +227,15 @@ def _k_plot(results: EvaluationResults, path: Path) -> Path:
     axes.set_xticks(range(len(bins)), bins)
     axes.set_xlabel("sentences per document (k)")
     title = f"{results.corpus}: sweep k at ε = {results.k_epsilon:g}"
-    return _finish(figure, axes, title, path)
+    return _finish(figure, axes, title)
 
 
-def _finish(figure: Any, axes: Any, title: str, path: Path) -> Path:
+def _finish(figure: Any, axes: Any, title: str) -> bytes:
     axes.set_ylabel("macro-F1 (test)")
     axes.set_ylim(0, 1.02)
     axes.set_title(title)
     axes.legend(fontsize=8)
     figure.tight_layout()
-    figure.savefig(path)
-    return path
+    png = io.BytesIO()
+    figure.savefig(png, format="png")
+    return png.getvalue()

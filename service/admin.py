@@ -440,7 +440,10 @@ def _state_files(settings: ServiceSettings) -> dict[str, Path]:
         "the idempotency secret": settings.idempotency_secret_file,
     }
     if settings.ledger_url.startswith("sqlite:///"):
-        files["the ledger"] = Path(settings.ledger_url[len("sqlite:///") :])
+        ledger = settings.ledger_url[len("sqlite:///") :]
+        files["the ledger"] = Path(ledger)
+        for companion in ("-wal", "-shm", "-journal"):  # SQLite's, beside it
+            files["the ledger's " + companion[1:] + " file"] = Path(ledger + companion)
     return files
 
 
@@ -448,16 +451,23 @@ def _check_key_file(path: Path, state: dict[str, Path]) -> None:
     """Refuse a --key-file that would replace anything but an earlier key file: written over
     the tenants file, the key would have taken every tenant with it."""
     for what, state_file in state.items():
-        same = path.resolve() == state_file.resolve()
+        try:
+            same = path.resolve() == state_file.resolve()
+        except (OSError, RuntimeError):  # a symlink loop
+            raise SystemExit(f"sentdp-admin: --key-file {path} cannot be resolved") from None
         with contextlib.suppress(OSError):
             same = same or path.samefile(state_file)
         if same:
             raise SystemExit(f"sentdp-admin: --key-file {path} is {what}; nothing was changed")
     if not os.path.lexists(path):
         return
-    if not path.is_file():
+    if path.is_symlink() or not path.is_file():
         raise SystemExit(
-            f"sentdp-admin: --key-file {path} exists and is not a file; nothing was changed"
+            f"sentdp-admin: --key-file {path} exists and is not a plain file; nothing was changed"
+        )
+    if path.lstat().st_uid != os.geteuid():  # its owner would be given the new key
+        raise SystemExit(
+            f"sentdp-admin: --key-file {path} belongs to another user; nothing was changed"
         )
     try:
         with path.open("rb") as existing:

@@ -182,7 +182,7 @@ def _opened_encoder(
         return _encoder(config, settings, corpus, splits)
     except InputError:
         raise
-    except (OSError, ValueError, KeyError) as error:
+    except (ValueError, KeyError) as error:  # not OSError: a full disk is not the directory's
         if settings.encoder_dir is None:  # the packaged encoder: sentdp's own problem
             raise
         why = " ".join(str(error).split())[:300]

@@ -44,9 +44,12 @@ def check_store() -> None:
     """Refuse, before any training, a BentoML store that cannot be read (``BENTOML_HOME`` a
     file, or a folder that cannot be made), which would otherwise fail only at the save."""
     import bentoml
+    from bentoml.exceptions import NotFound
 
-    try:
-        bentoml.models.list()
+    try:  # one name's folder, not every model's (a model being saved has no model.yaml yet)
+        bentoml.models.get("sentdp-store-check:latest")
+    except NotFound:
+        pass
     except OSError as error:
         raise _unusable_store(error) from None
 

@@ -417,12 +417,25 @@ def test_a_key_file_never_replaces_state_or_a_file_that_is_not_a_key(
             (tenants_file, "is the tenants file"),
             (link, "is the tenants file"),
             (ledger, "is the ledger"),
+            (tmp_path / "ledger.sqlite3-wal", "is the ledger's wal file"),  # absent until used
             (secret, "is the idempotency secret"),
             (other, "does not hold one API key"),
-            (tmp_path, "is not a file"),
+            (tmp_path, "is not a plain file"),
         ):
             with pytest.raises(SystemExit, match=what):
                 main(["new-key", "--tenant", "beta", "--key-file", str(target)])
+    planted = tmp_path / "planted.key"  # someone else's file, or a link to one, holding a key
+    planted.write_text("sdp_x\n")
+    pointer = tmp_path / "pointer.key"
+    pointer.symlink_to(planted)
+    refused = [(pointer, "is not a plain file")]
+    if os.geteuid() == 0:  # only root can give a file away
+        os.chown(planted, 12345, 12345)
+        refused.append((planted, "belongs to another user"))
+    for target, what in refused:
+        with pytest.raises(SystemExit, match=what):
+            main(["new-key", "--tenant", "beta", "--key-file", str(target)])
+    assert planted.read_text() == "sdp_x\n"
     assert tenants_file.read_bytes() == before
     assert secret.read_text() == "ab" * 32 + "\n"
     assert other.read_text() == "my notes\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from tests.support import REPO
 from training.cli import config_from_args, main, parse_args
 from training.pipeline import TrainConfig
 from training.stops import STOP_SIGNALS, Stops
-from training.store import load_from_store, save_to_store
+from training.store import check_store, load_from_store, save_to_store
 
 
 def test_the_flags_default_to_the_config_defaults() -> None:
@@ -81,48 +82,54 @@ def test_a_stop_waits_while_the_model_is_saved_and_is_ignored_once_it_is(
     """A stop during the copy into the store would leave a half-written model, and one after
     it would report a failure for a model that exists (so a script would train again)."""
     quick_bundle = load_from_store(quick_bundle_tag)
-    stops = Stops()
-    stops.install()
+    # as in a terminal: a run started in the background (CI's nohup) inherits SIGINT ignored
+    inherited = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, signal.SIG_DFL),
+    }
     try:
+        stops = Stops()
+        stops.install()
+        try:
 
-        @contextmanager
-        def stopped_while_saving() -> Iterator[None]:
-            with stops.saving():
-                os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, in this thread
-                yield
+            @contextmanager
+            def stopped_while_saving() -> Iterator[None]:
+                with stops.saving():
+                    os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, in this thread
+                    yield
 
-        tag = save_to_store(quick_bundle, "sentdp-test-stopped", {}, stopped_while_saving())
-        assert stops.saved
-        assert stops.ignored
-        assert load_from_store(tag).manifest == quick_bundle.manifest  # whole
-        os.kill(os.getpid(), signal.SIGINT)  # after saving: noted, not raised
-        failed = Stops()
-        failed.install()
+            tag = save_to_store(quick_bundle, "sentdp-test-stopped", {}, stopped_while_saving())
+            assert stops.saved
+            assert stops.ignored
+            assert load_from_store(tag).manifest == quick_bundle.manifest  # whole
+            os.kill(os.getpid(), signal.SIGINT)  # after saving: noted, not raised
+            failed = Stops()
+            failed.install()
 
-        def save_fails() -> None:
-            with failed.saving():
-                os.kill(os.getpid(), signal.SIGTERM)
-                raise OSError("disk full")
+            def save_fails() -> None:
+                with failed.saving():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    raise OSError("disk full")
 
-        with pytest.raises(OSError, match="disk full"):  # the save's own error ends the run
-            save_fails()
-        assert not failed.saved
-        with pytest.raises(SystemExit) as ended:
-            os.kill(os.getpid(), signal.SIGINT)  # no save under way: a stop ends the run
-        assert ended.value.code == 128 + signal.SIGINT
-        os.kill(os.getpid(), signal.SIGTERM)  # a second stop: the first one's unwinding goes on
-        failed.restore()
-    finally:
-        stops.restore()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    ignoring = Stops()
-    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as under nohup
-    try:
+            with pytest.raises(OSError, match="disk full"):  # the save's own error ends the run
+                save_fails()
+            assert not failed.saved
+            with pytest.raises(SystemExit) as ended:
+                os.kill(os.getpid(), signal.SIGINT)  # no save under way: a stop ends the run
+            assert ended.value.code == 128 + signal.SIGINT
+            os.kill(os.getpid(), signal.SIGTERM)  # a second stop: the first one's unwinding goes on
+            failed.restore()
+        finally:
+            stops.restore()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as under nohup
+        ignoring = Stops()
         ignoring.install()
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
         ignoring.restore()
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for number, handler in inherited.items():
+            signal.signal(number, handler)
 
 
 def test_a_store_that_cannot_be_used_stops_the_run_before_the_corpus_is_read(
@@ -144,3 +151,14 @@ def test_a_store_that_cannot_be_used_stops_the_run_before_the_corpus_is_read(
     assert "the BentoML model store cannot be used (check BENTOML_HOME)" in " ".join(
         ended.stderr.split()
     )
+
+
+def test_a_model_being_saved_elsewhere_does_not_stop_the_store_check(bentoml_home: Path) -> None:
+    """Another sentdp-train's model has its folder before its model.yaml; reading every model
+    (bentoml.models.list) failed on it, and on any version a killed save left behind."""
+    incomplete = bentoml_home / "models" / "sentdp-being-saved" / "abc123"
+    incomplete.mkdir(parents=True)
+    try:
+        check_store()
+    finally:
+        shutil.rmtree(incomplete.parent)
