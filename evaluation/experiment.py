@@ -42,7 +42,13 @@ from sentdp.mechanism import DeepCandidate, mechanism_epsilon
 from sentdp.sampling import plan_selection
 from training.classifiers import macro_f1, train_classifier
 from training.corpora import CorpusSpec, load_corpus
-from training.datasets import Corpus, Splits, load_glove, stratified_splits
+from training.datasets import (
+    Corpus,
+    CorpusFileMissingError,
+    Splits,
+    load_glove,
+    stratified_splits,
+)
 from training.embeddings import CorpusEmbeddings, embed_corpus
 from training.nets import seed_everything
 from training.p_selection import DEFAULT_EPSILONS
@@ -98,13 +104,13 @@ def evaluation_corpus(
     )
     try:
         corpus = load_corpus(spec, settings)
-    except InputError as error:
-        if dataset is None and str(error).startswith("no such corpus file"):
-            raise InputError(
-                f"{error} (the path {bundle.manifest.name} was trained from; give the file's "
-                "path now with --dataset)"
-            ) from None
-        raise
+    except CorpusFileMissingError as error:
+        if dataset is not None:
+            raise
+        raise InputError(
+            f"{error} (the path {bundle.manifest.name} was trained from; give the file's path "
+            "now with --dataset)"
+        ) from None
     if corpus.sha256 != bundle.manifest.corpus.sha256:  # its test split is other documents
         raise InputError(
             f"{spec.dataset} is not the file {bundle.manifest.name} was trained on (sha256 "

@@ -484,9 +484,7 @@ def _check_key_file(path: Path, state: dict[str, Path]) -> None:
         )
 
 
-def new_tenant_key(
-    args: argparse.Namespace, tenants_file: Path, state: dict[str, Path] | None = None
-) -> None:
+def new_tenant_key(args: argparse.Namespace, tenants_file: Path, state: dict[str, Path]) -> None:
     """``new-key``: add the key (and the tenant), print it once, write it to --key-file. The
     policy options describe a new tenant; for one that exists they are refused, never
     ignored (``set-tenant`` changes its limits)."""
@@ -509,7 +507,7 @@ def new_tenant_key(
     # The key file first: a key is valid only once its holder has it.
     secret = new_key()
     if args.key_file:
-        _check_key_file(args.key_file, {"the tenants file": tenants_file} | (state or {}))
+        _check_key_file(args.key_file, state)
         try:
             write_private(args.key_file, secret + "\n")
         except OSError as error:

@@ -11,7 +11,13 @@ from pathlib import Path
 
 from sentdp.errors import InputError
 from sentdp.text import TextLimits
-from training.datasets import REGISTRY, Corpus, load_user_corpus, subsample_per_class
+from training.datasets import (
+    REGISTRY,
+    Corpus,
+    CorpusFileMissingError,
+    load_user_corpus,
+    subsample_per_class,
+)
 from training.settings import TrainingSettings
 
 
@@ -40,7 +46,7 @@ def load_corpus(spec: CorpusSpec, settings: TrainingSettings) -> Corpus:
     else:
         path = Path(spec.dataset)
         if not path.exists() and path.suffix.lower() in CORPUS_SUFFIXES:
-            raise InputError(f"no such corpus file: {path}")
+            raise CorpusFileMissingError(f"no such corpus file: {path}")
         if not path.exists():
             raise InputError(
                 f"unknown dataset {spec.dataset!r}: use one of {sorted(REGISTRY)} or a path "

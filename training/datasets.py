@@ -42,6 +42,12 @@ from sentdp.errors import InputError, LimitError
 from sentdp.text import SentenceSplitter, TextLimits, prepare_sentences, split_document
 
 MIN_DOCUMENTS_PER_CLASS = 5
+
+
+class CorpusFileMissingError(InputError):
+    """A user corpus path that names no file (``sentdp-eval`` then suggests ``--dataset``)."""
+
+
 MIN_SENTENCES = 2
 
 
@@ -239,10 +245,11 @@ def load_movie_polarity(cache_dir: Path, limits: TextLimits) -> Corpus:
     for row_number, row in enumerate(csv.reader(io.StringIO(text))):
         label, review = row[0], row[1]
         lines = [line for line in review.split("\n") if line.strip()]
-        if len(lines) > limits.max_sentences:
+        try:
+            sentences = tuple(prepare_sentences(lines, limits)) if lines else ()
+        except LimitError:  # over the sentence limit: counted, not kept
             documents.append(None)
             continue
-        sentences = tuple(prepare_sentences(lines, limits)) if lines else ()
         documents.append(Document(f"review-{row_number:04d}", sentences, names[label]))
     return _finish(
         "movie-polarity",
@@ -300,7 +307,7 @@ def load_user_corpus(
             "release, and say so with --corpus-is-public"
         )
     if not path.is_file():
-        raise InputError(f"no such corpus file: {path}")
+        raise CorpusFileMissingError(f"no such corpus file: {path}")
     rows = _read_rows(path, (text_column, label_column))
     if not rows:
         raise InputError(f"{path} holds no documents")
@@ -396,7 +403,6 @@ def _csv_rows(path: Path, delimiter: str, columns: tuple[str, ...]) -> list[dict
             reader = csv.reader(_with_sentinel(handle), delimiter=delimiter)
             header: list[str] | None = None
             rows: list[dict[str, object]] = []
-            starts = 1
             try:
                 while True:
                     starts = reader.line_num + 1
