@@ -38,7 +38,11 @@ class SettingsError(InputError):
         """The error for pydantic's ``ValidationError`` of a settings object (duck-typed, so
         the core does not import pydantic-settings)."""
         problems = []
-        for problem in error.errors(include_url=False, include_input=False, include_context=False):
+        found = error.errors(include_url=False, include_input=False, include_context=False)
+        # A default computed from other settings is not computed once one of them failed;
+        # pydantic reports that as an error of its own, which only hides the real one.
+        real = [p for p in found if p.get("type") != "default_factory_not_called"]
+        for problem in real or found:
             location = problem.get("loc") or ()
             name = f"{prefix}{str(location[0]).upper()}" if location else "the settings together"
             message = str(problem.get("msg", "is not valid")).removeprefix("Value error, ")

@@ -190,3 +190,19 @@ def test_an_empty_state_dir_is_unset_not_the_current_folder(
     assert settings.state_dir is None
     assert settings.tenants_file.is_absolute()
     assert settings.tenants_file != Path("tenants.json").absolute()
+
+
+def test_a_bad_setting_that_others_default_from_is_the_only_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ledger URL, tenants file and idempotency secret default from other settings;
+    pydantic adds an error for each default it did not compute, which hid the real one."""
+    for name in ("SENTDP_TENANTS_FILE", "SENTDP_LEDGER_URL", "SENTDP_IDEMPOTENCY_SECRET_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SENTDP_ALLOW_EPHEMERAL_STATE", "maybe")
+    with pytest.raises(SettingsError) as error:
+        load_settings()
+    assert str(error.value) == (
+        "a SENTDP_* setting is not valid: SENTDP_ALLOW_EPHEMERAL_STATE: Input should be a valid "
+        "boolean, unable to interpret input"
+    )
