@@ -70,12 +70,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--trials and --mdp-documents must be at least 1")
     if not all(0 < e < float("inf") for e in [*args.epsilons, args.k_epsilon]):
         parser.error("--epsilons and --k-epsilon must be finite and above 0")
+    args.made_folders = []
     if args.out is not None:
-        try:  # now, not after an evaluation of hours whose results would then be lost
+        # made now, not after an evaluation of hours whose results would then be lost; main
+        # removes what it made again if the run writes nothing into it
+        args.made_folders = [f for f in (args.out, *args.out.parents) if not f.exists()][::-1]
+        try:
             args.out.mkdir(parents=True, exist_ok=True)
         except OSError as error:
+            _remove_empty(args.made_folders)
             parser.error(f"--out {args.out} cannot be a report folder: {error.strerror}")
     return args
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders (outermost first in the list) that are still empty, innermost first."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, or never made
+            if folder.exists():
+                return
 
 
 def _read_results(folder: Path, console: Console) -> EvaluationResults:
@@ -114,6 +129,13 @@ def fail(console: Console, message: str) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    try:
+        _run(args, argv)
+    finally:
+        _remove_empty(args.made_folders)  # a failed or stopped run leaves no empty --out
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> None:
     console = plain_console()
     if args.render_only:
         if args.out is None or not (args.out / RESULTS).is_file():

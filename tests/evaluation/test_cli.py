@@ -97,3 +97,26 @@ def test_bad_flags_are_refused_before_anything_runs(
             parse_args(["--model", "m", *flags])
         assert exited.value.code == 2
     assert "cannot be a report folder" in capsys.readouterr().err
+
+
+def test_a_failed_run_leaves_no_empty_report_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--out is made at parse time (a bad one fails before hours of work); a run that then
+    fails removes the folders it made, and only those, and only while they are empty."""
+    monkeypatch.setenv("BENTOML_HOME", str(tmp_path / "store"))
+    out = tmp_path / "new" / "deeper" / "report"
+    with pytest.raises(SystemExit) as exited:
+        main(["--model", "no-such-model:v1", "--out", str(out)])
+    assert exited.value.code == 2
+    assert "no-such-model" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit):
+        main(["--model", "no-such-model:v1", "--out", str(kept / "report")])
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+    with pytest.raises(SystemExit):
+        main(["--render-only", "--out", str(kept)])
+    assert kept.is_dir()
