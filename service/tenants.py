@@ -56,7 +56,9 @@ def new_key() -> str:
 class Tenant(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Letters, digits, ``.``, ``_`` and ``-``, starting with a letter or digit (``..`` or
+    ``-x`` would read as a path or as a flag on sentdp-admin's command line)."""
     key_sha256: list[str] = Field(default_factory=list)
     """SHA-256 of each API key; a tenant whose keys are all revoked cannot call."""
     max_epsilon: float = Field(gt=0, le=MAX_EPSILON_LIMIT)

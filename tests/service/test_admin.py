@@ -478,3 +478,15 @@ def test_an_invalid_tenant_is_one_line_without_pydantic_s_links(
     assert "\n" not in message
     assert "errors.pydantic.dev" not in message
     assert not tenants_file.exists()
+
+
+@pytest.mark.parametrize("tenant_id", ["..", ".", "-x", "_a", ".hidden"])
+def test_a_tenant_id_starts_with_a_letter_or_digit(
+    tenants_file: Path, tenant_id: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``..`` reads as a path and ``-x`` as a flag on sentdp-admin's command line."""
+    with pytest.raises(SystemExit, match="invalid tenant: id: String should match pattern"):
+        main(["new-key", f"--tenant={tenant_id}"])
+    assert not tenants_file.exists()
+    new_key("a.b_c-9", capsys)
+    assert TenantRegistry.load(tenants_file).get("a.b_c-9") is not None
