@@ -12,6 +12,7 @@ import asyncio
 import functools
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,13 @@ class Gateway:
         self._worker_starts = 0  # failed worker probes seen: each may be a (re)start
         self._warmed_for = -1  # the value of _worker_starts the dispatcher was warmed for
         self._warming = asyncio.Lock()
+        if os.environ.get("BENTOML_DO_NOT_TRACK", "").lower() != "true":
+            logs.log_event(  # the server's process read it at start; too late to change here
+                "usage_tracking_on",
+                logging.WARNING,
+                reason="BentoML sends usage reports (request counts by endpoint and status) "
+                "to its makers; start the server with BENTOML_DO_NOT_TRACK=true to stop them",
+            )
         logs.log_event("gateway_ready", model=version)
 
     # --- the API ---------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from contextlib import AbstractContextManager, nullcontext
@@ -10,6 +11,11 @@ from typing import Any
 
 from sentdp.bundle import Bundle
 from sentdp.errors import InputError
+
+# BentoML reports each model save (and each CLI command) to its makers unless told not to; the
+# CLIs that reach the store through this module (sentdp-train, sentdp-eval, evaluation's
+# scripts) do not send them unless the caller sets BENTOML_DO_NOT_TRACK=false.
+os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
 
 
 def save_to_store(

@@ -90,3 +90,32 @@ def test_a_charged_request_s_event_joins_its_access_line_by_trace_id(server) -> 
     assert event["component"].startswith("entry_service:sentdp:")
     assert event["trace_id"] == access["trace_id"]
     assert "log-join-user" not in server.log.read_text(errors="replace")  # no user id logged
+
+
+def test_a_server_that_reports_usage_to_bentoml_says_so_in_its_log(
+    server, quick_bundle_tag: str, tmp_path
+) -> None:
+    """BentoML's server sends its makers request counts by endpoint and status unless
+    BENTOML_DO_NOT_TRACK=true (every launcher and image of sentdp sets it): a server started
+    without it warns, once per gateway process, and one started with it says nothing."""
+    from tests.support import Server, write_tenants
+
+    def warnings(text: str) -> list[dict[str, Any]]:
+        return [e for e in entries(text) if e.get("event") == "usage_tracking_on"]
+
+    assert server.log is not None
+    assert warnings(server.log.read_text(errors="replace")) == []
+    env = {
+        "SENTDP_MODEL": quick_bundle_tag,
+        "SENTDP_TENANTS_FILE": str(write_tenants(tmp_path / "tenants.json")),
+        "SENTDP_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.sqlite3'}",
+        "SENTDP_GATEWAY_WORKERS": "1",
+        "BENTOML_DO_NOT_TRACK": "false",
+    }
+    tracked = Server(env, log=tmp_path / "server.log").start()
+    try:
+        (warning,) = warnings(tracked.log.read_text(errors="replace"))  # type: ignore[union-attr]
+        assert warning["level"] == "warning"
+        assert "BENTOML_DO_NOT_TRACK=true" in warning["reason"]
+    finally:
+        tracked.stop()
