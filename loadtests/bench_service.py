@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +83,14 @@ def raw_encoder_rates(
     backend: str,
     device: str = "cpu",
     only: set[str] | None = None,
+    threadings: Sequence[str] = ("rows",),
 ) -> dict[str, float]:
     """Sentences/s of sentdp's encoder for ``backend`` in this process: all sentences at once
     (plain length buckets, and fixed-shape batches as the worker uses where the start-up
     check asks for them: on CUDA with deterministic kernels, which then stay on in this
-    process), and one document at a time (the ceiling of concurrency 1). ``only``: these
-    modes ("buckets", "fixed batches") and no others."""
+    process), and one document at a time (the ceiling of concurrency 1), for an ONNX backend
+    in each of ``threadings`` (``SENTDP_ENCODER_THREADING``). ``only``: these modes
+    ("buckets", "fixed batches", "buckets, operators", ...) and no others."""
     from sentdp.encoders import open_encoder, use_deterministic_kernels
 
     sentences = [s for doc in documents for s in doc]
@@ -98,14 +101,26 @@ def raw_encoder_rates(
     if cuda and backend == "torch":  # the serving mode's graphs against eager passes
         modes.append(("fixed batches, graphs waited for one by one", True, True, False))
         modes.append(("fixed batches, eager", True, False, True))
-    for mode, fixed, graphs, overlap in modes:
+    runs = [
+        (mode + threading_suffix(backend, split), split, fixed, graphs, overlap)
+        for mode, fixed, graphs, overlap in modes
+        for split in (threadings if backend != "torch" else ("rows",))
+    ]
+    for mode, split, fixed, graphs, overlap in runs:
         if only is not None and mode not in only:
             continue
         rows = settings.fixed_batch_rows(device) if fixed else settings.encoder_rows(device)
         if fixed and cuda:
             use_deterministic_kernels()
         encoder = open_encoder(
-            model_dir, backend, device, rows, fixed, threads=THREADS, cuda_graphs=graphs
+            model_dir,
+            backend,
+            device,
+            rows,
+            fixed,
+            threads=THREADS,
+            cuda_graphs=graphs,
+            onnx_threading=split,
         )
         if not overlap:
             encoder.overlap_passes = False  # type: ignore[union-attr]
@@ -199,10 +214,18 @@ def cpu_seconds(server: Server) -> dict[str, float]:
     return dict(used)
 
 
-def reference_mode(mode: str) -> str:
-    """The in-process encoder mode ("buckets" or "fixed batches") that a worker's encoder
-    mode (:func:`encoder_mode`) is compared with."""
-    return "fixed batches" if "fixed" in mode else "buckets"
+def reference_mode(mode: str, backend: str = "torch", threading: str = "rows") -> str:
+    """The in-process encoder mode ("buckets" or "fixed batches", and an ONNX encoder's
+    threading when not the default) that a worker's encoder mode (:func:`encoder_mode`) is
+    compared with."""
+    return ("fixed batches" if "fixed" in mode else "buckets") + threading_suffix(
+        backend, threading
+    )
+
+
+def threading_suffix(backend: str, threading: str) -> str:
+    """How a mode's name says an ONNX encoder's threading other than the default ``rows``."""
+    return "" if backend == "torch" or threading == "rows" else f", {threading}"
 
 
 def encoder_mode(server: Server) -> str:
@@ -393,6 +416,10 @@ def main() -> None:
     variants = [
         dict(pair.split("=", 1) for pair in spec.split(",") if pair) for spec in args.server_env
     ]
+    default_threading = os.environ.get("SENTDP_ENCODER_THREADING", "rows")
+    threadings = sorted(
+        {v.get("SENTDP_ENCODER_THREADING", default_threading) for v in variants}, reverse=True
+    )
 
     from training.store import load_from_store
 
@@ -408,12 +435,19 @@ def main() -> None:
     reference = plain_rate(measured, first.encoder_dir, batch=64, device=args.device)
     raw: dict[str, float] = {"sentence-transformers encode (torch)": reference}
     for bundle in bundles.values():
-        raw |= raw_encoder_rates(measured, bundle.encoder_dir, bundle.encoder_backend, args.device)
+        raw |= raw_encoder_rates(
+            measured,
+            bundle.encoder_dir,
+            bundle.encoder_backend,
+            args.device,
+            threadings=threadings,
+        )
 
     rows: list[tuple[str, str, dict[str, Any]]] = []
     starts: dict[str, float] = {}
     peaks: dict[str, int] = {}
     modes: dict[str, str] = {}
+    references: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="sentdp-bench-") as scratch:
         for model, bundle in bundles.items():
             backend = bundle.encoder_backend
@@ -443,6 +477,11 @@ def main() -> None:
                 try:
                     starts[label] = server.cold_start_seconds
                     modes[label] = encoder_mode(server)
+                    references[label] = reference_mode(
+                        modes[label],
+                        backend,
+                        extra.get("SENTDP_ENCODER_THREADING", default_threading),
+                    )
                     load(server, warmup, 4)
                     for concurrency in args.concurrency:
                         before = histogram_totals(server)
@@ -478,13 +517,18 @@ def main() -> None:
     encoder_after: dict[str, float] = {}
     for bundle in bundles.values():
         used = {
-            reference_mode(mode)
-            for label, mode in modes.items()
+            reference
+            for label, reference in references.items()
             if label.startswith(f"{bundle.encoder_backend},")
         }
         if used:
             encoder_after |= raw_encoder_rates(
-                measured, bundle.encoder_dir, bundle.encoder_backend, args.device, used
+                measured,
+                bundle.encoder_dir,
+                bundle.encoder_backend,
+                args.device,
+                used,
+                threadings,
             )
     own_reference = {name: (raw[name] + rate) / 2 for name, rate in encoder_after.items()}
 
@@ -494,7 +538,7 @@ def main() -> None:
     for name, rate in raw.items():
         print(f"{name:58s} {rate:8.1f} {'':>7s} {rate / reference:6.2f}")
     for backend, name, r in rows:
-        fixed = reference_mode(modes[name.rsplit(",", 1)[0]])
+        fixed = references[name.rsplit(",", 1)[0]]
         alone = "one doc at a time" if name.endswith("concurrency 1") else ""
         own_name = f"sentdp {backend} encoder, {fixed}" + (f", {alone}" if alone else "")
         own = own_reference.get(own_name, raw[own_name])

@@ -358,10 +358,12 @@ def open_encoder(
     threads: int = 2,
     cuda_graphs: bool = True,
     spin_between_runs: bool = False,
+    onnx_threading: str = "rows",
 ) -> Encoder:
-    """G from an encoder directory, run by ``backend`` (ONNX backends run on the CPU;
-    ``spin_between_runs`` keeps their threads spinning after a run, as ONNX Runtime's
-    default, instead of releasing the cores until the next)."""
+    """G from an encoder directory, run by ``backend`` (ONNX backends run on the CPU, their
+    ``threads`` over row pieces of each pass or, ``onnx_threading="operators"``, inside each
+    operator; ``spin_between_runs`` keeps operator threads spinning after a run, as ONNX
+    Runtime's default, instead of releasing the cores until the next)."""
     if backend == "torch":
         return SentenceEncoder(model_dir, device, batch_size, fixed_batch, cuda_graphs=cuda_graphs)
     if backend not in ENCODER_BACKENDS:
@@ -371,7 +373,17 @@ def open_encoder(
     from sentdp.onnx_encoder import OnnxSentenceEncoder
 
     path = Path(model_dir) if model_dir is not None else default_encoder_path()
-    return OnnxSentenceEncoder(path, backend, batch_size, fixed_batch, threads, spin_between_runs)
+    if onnx_threading not in ("rows", "operators"):
+        raise InputError(f"unknown ONNX threading {onnx_threading!r}; rows or operators")
+    return OnnxSentenceEncoder(
+        path,
+        backend,
+        batch_size,
+        fixed_batch,
+        threads,
+        spin_between_runs,
+        "rows" if onnx_threading == "rows" else "operators",
+    )
 
 
 def encode_once(encoder: Encoder, keyed: Sequence[tuple[str, str]]) -> npt.NDArray[np.float32]:

@@ -143,11 +143,18 @@ class ServiceSettings(BaseSettings):
     ``malloc_trim``, after a batch's encoding). One return walks the whole heap: 8 ms in a
     plain process and 16-19 ms in the worker with ONNX Runtime int8 (measured), paid by
     each lone document at concurrency 1 when done after every batch. 0: after every batch."""
+    encoder_threading: Literal["rows", "operators"] = "rows"
+    """How an ONNX encoder uses its ``worker_threads``: ``rows``, each pass cut into row
+    pieces run side by side, one thread each; ``operators``, ONNX Runtime's split of every
+    operator over the threads (before the twenty-eighth session). Rows ran 1.1-1.3x faster on
+    2 cores, and lose less when the gateway takes a core for a moment (docs/performance.md,
+    "Threads over rows"). torch bundles ignore it."""
     encoder_spin_between_runs: bool = False
     """Keep ONNX Runtime's threads spinning after each encoder run, its own default (torch
-    bundles ignore it). Off, they stop when the run returns: a spinning thread holds a core
-    that the gateway, the ledger and the next request's checks need (measured with the int8
-    BBC News bundle: docs/performance.md, "ONNX Runtime's threads after a run")."""
+    bundles ignore it; in ``rows`` threading no run has more than one thread). Off, they stop
+    when the run returns: a spinning thread holds a core that the gateway, the ledger and the
+    next request's checks need (measured with the int8 BBC News bundle: docs/performance.md,
+    "ONNX Runtime's threads after a run")."""
     encode_batch_size: int | None = Field(default=None, ge=1)
     """Rows per encoder pass (:meth:`encoder_rows`); unset: 32. On the CPU one pass's
     activations are the top of the worker's memory (torch, BBC News, concurrency 32: the

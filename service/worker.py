@@ -164,6 +164,7 @@ class Worker:
             settings.encoder_rows(device),
             threads=settings.worker_threads,
             spin_between_runs=settings.encoder_spin_between_runs,
+            onnx_threading=settings.encoder_threading,
         )
         self.bundle.check_opened_encoder(self.encoder)
         self.encoder_mode = self._batch_invariant_encoder()
@@ -231,6 +232,7 @@ class Worker:
             threads=settings.worker_threads,
             cuda_graphs=cuda_graphs,
             spin_between_runs=settings.encoder_spin_between_runs,
+            onnx_threading=settings.encoder_threading,
         )
 
     def _run(self, requests: list[WorkRequest], key: Hashable) -> list[WorkReply]:

@@ -218,6 +218,7 @@ def _encoder(
         settings.device,
         settings.encode_batch_size,
         threads=settings.threads,
+        onnx_threading=settings.encoder_threading,
     )
 
 

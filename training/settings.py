@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
 from pydantic import Field, ValidationError, field_validator
@@ -25,7 +26,10 @@ class TrainingSettings(BaseSettings):
     """torch device for G; unset or ``auto``: CUDA when present, else the CPU."""
     encode_batch_size: int = Field(default=64, ge=1)
     threads: int = Field(default=2, ge=1)
-    """torch threads: fixed so that re-runs are byte-identical."""
+    """torch threads: fixed so that re-runs are byte-identical (and the ONNX encoder's)."""
+    encoder_threading: Literal["rows", "operators"] = "rows"
+    """How an ONNX encoder uses its threads: on row pieces of each pass side by side, or
+    inside each operator (as the service's ``SENTDP_ENCODER_THREADING``)."""
 
     @field_validator("device")
     @classmethod

@@ -86,21 +86,79 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-@pytest.mark.parametrize("spin", [False, True])
-def test_the_threads_rest_between_runs_unless_asked_to_spin(exported, spin) -> None:
+@pytest.mark.parametrize(
+    ("threading", "spin"), [("operators", False), ("operators", True), ("rows", True)]
+)
+def test_the_threads_rest_between_runs_unless_asked_to_spin(exported, threading, spin) -> None:
     """By default the pool's threads stop when a run returns, so an idle worker takes no
-    core from the gateway; ONNX Runtime's own default (``spin``) burns one for a while."""
+    core from the gateway; ONNX Runtime's own default (``spin``) burns one for a while when
+    its threads split operators. Row pieces run on one thread each: nothing spins."""
     encoder = open_encoder(
-        exported["onnx-int8"], "onnx-int8", batch_size=8, threads=2, spin_between_runs=spin
+        exported["onnx-int8"],
+        "onnx-int8",
+        batch_size=8,
+        threads=2,
+        spin_between_runs=spin,
+        onnx_threading=threading,
     )
     encoder.encode(list(CALIBRATION[:8]))
     before = _cpu_seconds()
     time.sleep(0.1)
     idle = _cpu_seconds() - before
-    if spin:
+    if spin and threading == "operators":
         assert idle > 0.01  # the control: ONNX Runtime's default spins (about 28 ms here)
     else:
         assert idle < 0.01  # any other thread of the test process must be idle too
+
+
+@pytest.mark.parametrize("backend", ["onnx", "onnx-int8"])
+def test_row_pieces_keep_every_sentence_bit_identical_to_it_alone(exported, backend) -> None:
+    """Each pass is cut into row pieces of every size from 1 to 8 rows here, run side by side
+    on two threads: no piece, neighbour or thread may move a probe's embedding, and the rows
+    come back in their sentences' order."""
+    probes = list(INVARIANCE_PROBES[:6])
+    rows = open_encoder(exported[backend], backend, batch_size=32, threads=2)
+    assert rows.threading == "rows"
+    assert batch_invariance_violations(rows, probes, batch_sizes=(2, 5, 17, 32)) == []
+    single = open_encoder(exported[backend], backend, batch_size=32, threads=1)
+    crowd = [*CALIBRATION, *probes]
+    np.testing.assert_array_equal(rows.encode(crowd), single.encode(crowd))
+
+
+def test_row_pieces_run_on_the_pool_s_threads_and_a_failure_is_the_caller_s(
+    exported, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    encoder = open_encoder(exported["onnx-int8"], "onnx-int8", batch_size=16, threads=2)
+    assert isinstance(encoder, OnnxSentenceEncoder)
+    ran: list[tuple[str, int]] = []
+    run = encoder._run
+
+    def recorded(feeds):  # type: ignore[no-untyped-def]
+        ran.append((threading.current_thread().name, len(feeds["input_ids"])))
+        time.sleep(0.01)  # long enough for the second thread to take a piece
+        return run(feeds)
+
+    monkeypatch.setattr(encoder, "_run", recorded)
+    encoder.encode([CALIBRATION[1]] * 16)  # one bucket: one pass of 16 rows
+    assert sorted(rows for _, rows in ran) == [4, 4, 4, 4]  # 2 pieces per thread
+    assert {name.split("_")[0] for name, _ in ran} == {"sentdp-onnx"}
+    assert len({name for name, _ in ran}) == 2
+
+    def failing(feeds):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the graph failed")
+
+    monkeypatch.setattr(encoder, "_run", failing)
+    with pytest.raises(RuntimeError, match="the graph failed"):
+        encoder.encode(list(CALIBRATION[:16]))
+    monkeypatch.setattr(encoder, "_run", run)
+    assert encoder.encode(list(CALIBRATION[:3])).shape == (3, encoder.dim)
+
+
+def test_an_unknown_threading_is_refused(exported) -> None:
+    with pytest.raises(InputError, match="unknown ONNX threading"):
+        open_encoder(exported["onnx"], "onnx", onnx_threading="columns")
 
 
 def test_the_export_is_made_once_and_reused(exported) -> None:
