@@ -30,7 +30,8 @@ comes from its row alone whatever the piece (the worker's start-up check covers 
 threads never wait for each other inside a run: ONNX Runtime's own split of each operator over
 two threads (``operators``) made every operator wait for its slower thread, so a core taken
 by the gateway for a moment stalled both (measured on 2 cores of an AMD EPYC, int8, BBC News:
-1.1-1.3x the sentences/s, and more with another process busy; docs/performance.md).
+1.03-1.32x the sentences/s of the encoder alone, more with another process busy;
+docs/performance.md, "Threads over rows").
 
 Serving an ONNX bundle imports neither torch nor sentence-transformers.
 """

@@ -146,9 +146,10 @@ class ServiceSettings(BaseSettings):
     encoder_threading: Literal["rows", "operators"] = "rows"
     """How an ONNX encoder uses its ``worker_threads``: ``rows``, each pass cut into row
     pieces run side by side, one thread each; ``operators``, ONNX Runtime's split of every
-    operator over the threads (before the twenty-eighth session). Rows ran 1.1-1.3x faster on
-    2 cores, and lose less when the gateway takes a core for a moment (docs/performance.md,
-    "Threads over rows"). torch bundles ignore it."""
+    operator over the threads (before the twenty-eighth session). On 2 cores (int8) the
+    encoder alone ran 1.03-1.32x as fast with rows, the service 2-9% faster at concurrency 1
+    and between 4% slower and 33% faster at 32 (docs/performance.md, "Threads over rows").
+    torch bundles ignore it."""
     encoder_spin_between_runs: bool = False
     """Keep ONNX Runtime's threads spinning after each encoder run, its own default (torch
     bundles ignore it; in ``rows`` threading no run has more than one thread). Off, they stop
