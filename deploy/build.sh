@@ -15,6 +15,7 @@ TAG=${2:-sentdp:$VARIANT}
 BASE=sentdp-base:bookworm
 case "$VARIANT" in cpu | gpu) ;; *) echo "usage: $0 cpu|gpu [image tag]" >&2; exit 2 ;; esac
 export SENTDP_MODEL=${SENTDP_MODEL:-sentdp-bbc-news:latest}
+export BENTOML_DO_NOT_TRACK=${BENTOML_DO_NOT_TRACK:-true}  # no usage reports to BentoML
 .venv/bin/bentoml models get "$SENTDP_MODEL" >/dev/null 2>&1 \
   || { echo "no model $SENTDP_MODEL in the BentoML store: train it first (sentdp-train)" >&2; exit 1; }
 docker image inspect "$BASE" >/dev/null 2>&1 || bash deploy/base-image.sh "$BASE"

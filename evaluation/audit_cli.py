@@ -109,7 +109,12 @@ def _audit(args: argparse.Namespace, argv: list[str] | None, console: Console) -
         accounting = tenant_accounting(args.url, args.key)
     loss = ExactLoss(
         bundle,
-        open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device),
+        open_encoder(
+            bundle.encoder_dir,
+            bundle.encoder_backend,
+            settings.device,
+            onnx_threading=settings.encoder_threading,
+        ),
         bounded_range=accounting == ZCDP,
     )
     texts = [text for _, _, text in bbc_news_texts(settings.cache_dir)]

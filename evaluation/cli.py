@@ -74,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.out is not None:
         # made now, not after an evaluation of hours whose results would then be lost; main
         # removes what it made again if the run writes nothing into it
-        args.made_folders = [f for f in (args.out, *args.out.parents) if not f.exists()][::-1]
+        where = args.out.resolve()  # "new/../mine" would otherwise count "mine" as made
+        args.made_folders = [f for f in (where, *where.parents) if not f.exists()][::-1]
         try:
             args.out.mkdir(parents=True, exist_ok=True)
         except OSError as error:

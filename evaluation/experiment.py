@@ -126,7 +126,12 @@ def embedded_corpus(
     document's sentence embeddings (cached), for the scripts that score a bundle's rules."""
     corpus, splits = evaluation_corpus(bundle, settings)
     bundle.check_encoder()
-    encoder = open_encoder(bundle.encoder_dir, bundle.encoder_backend, settings.device)
+    encoder = open_encoder(
+        bundle.encoder_dir,
+        bundle.encoder_backend,
+        settings.device,
+        onnx_threading=settings.encoder_threading,
+    )
     embeddings = embed_corpus(corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter))
     return corpus, splits, encoder, embeddings
 
@@ -287,6 +292,7 @@ def _experiment(
         settings.device,
         settings.encode_batch_size,
         threads=settings.threads,
+        onnx_threading=settings.encoder_threading,
     )
     embeddings = embed_corpus(
         corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter), show_progress=False

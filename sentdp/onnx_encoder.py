@@ -231,7 +231,7 @@ class OnnxSentenceEncoder:
         cut = PIECES_PER_THREAD * self.threads
         for indices, rows, length in passes:
             # a fixed-shape pass stays whole: its shape is what the start-up check asked for
-            size = len(rows) if filler else math.ceil(len(rows) / cut)
+            size = len(rows) if filler is not None else math.ceil(len(rows) / cut)
             for at in range(0, len(rows), size):
                 runs.append(
                     self._pool.submit(piece, indices[at : at + size], rows[at : at + size], length)

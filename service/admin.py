@@ -39,6 +39,7 @@ from service.ledger.sql import SCRUB_WAIT_SECONDS
 from service.schemas import UserId
 from service.settings import ServiceSettings, load_settings
 from service.tenants import (
+    NEW_TENANT_ID,
     Tenant,
     TenantsFile,
     hash_key,
@@ -150,6 +151,11 @@ def _add_key(
         current = existing[tenant_id]
         updated = current.model_copy(update={"key_sha256": [*current.key_sha256, hash_key(key)]})
     else:
+        if not NEW_TENANT_ID.fullmatch(tenant_id):
+            raise SystemExit(
+                "sentdp-admin: invalid tenant: a new tenant's id is 1 to 64 letters, digits, "
+                "'.', '_' and '-', starting with a letter or digit"
+            )
         updated = Tenant(
             id=tenant_id,
             key_sha256=[hash_key(key)],

@@ -20,6 +20,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import secrets
 import tempfile
 import threading
@@ -53,12 +54,17 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+NEW_TENANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""What ``sentdp-admin new-key`` accepts as a new tenant's id: ``..`` or ``-x`` would read as a
+path or as a flag on its command line."""
+
+
 class Tenant(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    """Letters, digits, ``.``, ``_`` and ``-``, starting with a letter or digit (``..`` or
-    ``-x`` would read as a path or as a flag on sentdp-admin's command line)."""
+    id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    """Letters, digits, ``.``, ``_`` and ``-``; a new tenant's id also starts with a letter
+    or digit (:data:`NEW_TENANT_ID`), while files written before that rule still load."""
     key_sha256: list[str] = Field(default_factory=list)
     """SHA-256 of each API key; a tenant whose keys are all revoked cannot call."""
     max_epsilon: float = Field(gt=0, le=MAX_EPSILON_LIMIT)

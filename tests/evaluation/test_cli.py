@@ -120,3 +120,8 @@ def test_a_failed_run_leaves_no_empty_report_folder(
     with pytest.raises(SystemExit):
         main(["--render-only", "--out", str(kept)])
     assert kept.is_dir()
+    mine = tmp_path / "mine"  # empty, and the user's: not made by the run
+    mine.mkdir()
+    with pytest.raises(SystemExit):
+        main(["--model", "no-such-model:v1", "--out", str(tmp_path / "new" / ".." / "mine")])
+    assert mine.is_dir()

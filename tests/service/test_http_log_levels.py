@@ -111,6 +111,7 @@ def test_a_server_that_reports_usage_to_bentoml_says_so_in_its_log(
         "SENTDP_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.sqlite3'}",
         "SENTDP_GATEWAY_WORKERS": "1",
         "BENTOML_DO_NOT_TRACK": "false",
+        "__BENTOML_DEBUG_USAGE": "true",  # BentoML then logs its reports instead of sending
     }
     tracked = Server(env, log=tmp_path / "server.log").start()
     try:
