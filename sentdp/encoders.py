@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -295,6 +295,11 @@ class SentenceEncoder:
         return out
 
 
+OnnxThreading = Literal["rows", "operators"]
+"""How an ONNX encoder uses its threads: row pieces of each pass side by side, one thread
+each, or ONNX Runtime's split of every operator (:mod:`sentdp.onnx_encoder`)."""
+ONNX_THREADINGS: tuple[OnnxThreading, ...] = ("rows", "operators")
+
 ENCODER_BACKENDS = ("torch", "onnx", "onnx-int8")
 """How G runs: torch (sentdp's forward pass or sentence-transformers), or ONNX Runtime in
 float32 or static int8."""
@@ -358,7 +363,7 @@ def open_encoder(
     threads: int = 2,
     cuda_graphs: bool = True,
     spin_between_runs: bool = False,
-    onnx_threading: str = "rows",
+    onnx_threading: OnnxThreading = "rows",
 ) -> Encoder:
     """G from an encoder directory, run by ``backend`` (ONNX backends run on the CPU, their
     ``threads`` over row pieces of each pass or, ``onnx_threading="operators"``, inside each
@@ -373,16 +378,8 @@ def open_encoder(
     from sentdp.onnx_encoder import OnnxSentenceEncoder
 
     path = Path(model_dir) if model_dir is not None else default_encoder_path()
-    if onnx_threading not in ("rows", "operators"):
-        raise InputError(f"unknown ONNX threading {onnx_threading!r}; rows or operators")
     return OnnxSentenceEncoder(
-        path,
-        backend,
-        batch_size,
-        fixed_batch,
-        threads,
-        spin_between_runs,
-        "rows" if onnx_threading == "rows" else "operators",
+        path, backend, batch_size, fixed_batch, threads, spin_between_runs, onnx_threading
     )
 
 

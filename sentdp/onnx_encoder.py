@@ -42,14 +42,21 @@ import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from sentdp import encoder_layout
 from sentdp.encoder_layout import Pooling, SentenceTokenizer, max_tokens_of, pooling_of
-from sentdp.encoders import bucket_of, bucket_passes, file_sha256, length_buckets
+from sentdp.encoders import (
+    ONNX_THREADINGS,
+    OnnxThreading,
+    bucket_of,
+    bucket_passes,
+    file_sha256,
+    length_buckets,
+)
 from sentdp.errors import InputError
 
 ONNX_FILES = {"onnx": "onnx/model.onnx", "onnx-int8": "onnx/model_int8.onnx"}
@@ -59,8 +66,6 @@ UNPOOLED_OUTPUT = "token_embeddings"
 """The output of a graph that ends before pooling (pooled here by :func:`mean_pool`)."""
 SENTENCE_OUTPUT = encoder_layout.SENTENCE_OUTPUT
 """The output of a graph that pools inside (exported before pooling moved out of it)."""
-Threading = Literal["rows", "operators"]
-THREADINGS: tuple[Threading, ...] = ("rows", "operators")
 PIECES_PER_THREAD = 2
 """Row pieces per pass and thread in ``rows`` threading: more than one, so a thread slowed by
 another process does less of the pass (measured at one BBC News document: 2 pieces per pass
@@ -99,14 +104,14 @@ class OnnxSentenceEncoder:
         fixed_batch: bool = False,
         threads: int = 2,
         spin_between_runs: bool = False,
-        threading: Threading = "rows",
+        threading: OnnxThreading = "rows",
     ) -> None:
         import onnxruntime as ort
 
         if backend not in ONNX_FILES:
             raise InputError(f"unknown ONNX backend {backend!r}; one of {sorted(ONNX_FILES)}")
-        if threading not in THREADINGS:
-            raise InputError(f"unknown ONNX threading {threading!r}; one of {THREADINGS}")
+        if threading not in ONNX_THREADINGS:
+            raise InputError(f"unknown ONNX threading {threading!r}; one of {ONNX_THREADINGS}")
         self.path = Path(model_dir)
         self.backend = backend
         self.model_file = self.path / ONNX_FILES[backend]

@@ -143,7 +143,7 @@ class ServiceSettings(BaseSettings):
     ``malloc_trim``, after a batch's encoding). One return walks the whole heap: 8 ms in a
     plain process and 16-19 ms in the worker with ONNX Runtime int8 (measured), paid by
     each lone document at concurrency 1 when done after every batch. 0: after every batch."""
-    encoder_threading: Literal["rows", "operators"] = "rows"
+    encoder_threading: Literal["rows", "operators"] = "rows"  # sentdp.encoders.OnnxThreading
     """How an ONNX encoder uses its ``worker_threads``: ``rows``, each pass cut into row
     pieces run side by side, one thread each; ``operators``, ONNX Runtime's split of every
     operator over the threads (before the twenty-eighth session). On 2 cores (int8) the

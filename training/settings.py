@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import platformdirs
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sentdp.encoders import named_device
+from sentdp.encoders import OnnxThreading, named_device
 from sentdp.errors import SettingsError
 
 
@@ -27,7 +26,7 @@ class TrainingSettings(BaseSettings):
     encode_batch_size: int = Field(default=64, ge=1)
     threads: int = Field(default=2, ge=1)
     """torch threads: fixed so that re-runs are byte-identical (and the ONNX encoder's)."""
-    encoder_threading: Literal["rows", "operators"] = "rows"
+    encoder_threading: OnnxThreading = "rows"
     """How an ONNX encoder uses its threads: on row pieces of each pass side by side, or
     inside each operator (as the service's ``SENTDP_ENCODER_THREADING``)."""
 
