@@ -27,8 +27,8 @@ from evaluation.audit import (
     text_pairs,
     write_report,
 )
+from evaluation.experiment import bundle_encoder
 from sentdp.accounting import ZCDP
-from sentdp.encoders import open_encoder
 from sentdp.errors import SentDPError
 from training.console import plain_console
 from training.datasets import bbc_news_texts
@@ -109,12 +109,7 @@ def _audit(args: argparse.Namespace, argv: list[str] | None, console: Console) -
         accounting = tenant_accounting(args.url, args.key)
     loss = ExactLoss(
         bundle,
-        open_encoder(
-            bundle.encoder_dir,
-            bundle.encoder_backend,
-            settings.device,
-            onnx_threading=settings.encoder_threading,
-        ),
+        bundle_encoder(bundle, settings),
         bounded_range=accounting == ZCDP,
     )
     texts = [text for _, _, text in bbc_news_texts(settings.cache_dir)]

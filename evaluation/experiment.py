@@ -119,6 +119,20 @@ def evaluation_corpus(
     return corpus, stratified_splits(corpus, bundle.manifest.corpus.split_seed)
 
 
+def bundle_encoder(bundle: Bundle, settings: TrainingSettings) -> Encoder:
+    """The bundle's G as training runs it (``SENTDP_DEVICE``, ``SENTDP_ENCODE_BATCH_SIZE``,
+    ``SENTDP_THREADS``, ``SENTDP_ENCODER_THREADING``): every evaluation and the audit encode
+    alike, into one embeddings cache."""
+    return open_encoder(
+        bundle.encoder_dir,
+        bundle.encoder_backend,
+        settings.device,
+        settings.encode_batch_size,
+        threads=settings.threads,
+        onnx_threading=settings.encoder_threading,
+    )
+
+
 def embedded_corpus(
     bundle: Bundle, settings: TrainingSettings
 ) -> tuple[Corpus, Splits, Encoder, CorpusEmbeddings]:
@@ -126,12 +140,7 @@ def embedded_corpus(
     document's sentence embeddings (cached), for the scripts that score a bundle's rules."""
     corpus, splits = evaluation_corpus(bundle, settings)
     bundle.check_encoder()
-    encoder = open_encoder(
-        bundle.encoder_dir,
-        bundle.encoder_backend,
-        settings.device,
-        onnx_threading=settings.encoder_threading,
-    )
+    encoder = bundle_encoder(bundle, settings)
     embeddings = embed_corpus(corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter))
     return corpus, splits, encoder, embeddings
 
@@ -286,14 +295,7 @@ def _experiment(
     bundle = bundles[0]
     corpus, splits = evaluation_corpus(bundle, settings, config.dataset)
     bundle.check_encoder()
-    encoder = open_encoder(
-        bundle.encoder_dir,
-        bundle.encoder_backend,
-        settings.device,
-        settings.encode_batch_size,
-        threads=settings.threads,
-        onnx_threading=settings.encoder_threading,
-    )
+    encoder = bundle_encoder(bundle, settings)
     embeddings = embed_corpus(
         corpus, encoder, settings.cache_dir, dict(bundle.manifest.splitter), show_progress=False
     )
