@@ -6,9 +6,10 @@ For each mode the worker can serve in on the device (plain length buckets; fixed
 batches with deterministic kernels, eager or replayed as CUDA graphs), on the bundle's own
 encoder:
 
-1. the start-up check without stopping at the first violation (every probe, mixed and
-   same-bucket batches of 2 to 64 rows, every row count of one bucket swept): how many rows
-   differ from the probe encoded alone, and by how much at most;
+1. the start-up check without stopping at the first violation (plain buckets: every probe,
+   mixed and same-bucket batches of 2 to 64 rows, every row count of one bucket swept; fixed
+   shapes: every count of real rows and position of a pass in the probes' buckets): how many
+   rows differ from the probe encoded alone, and by how much at most;
 2. real BBC News test sentences encoded all at once against one at a time: rows not
    bit-identical (the property the privacy proof needs, on real text).
 
@@ -37,10 +38,13 @@ def real_sentences(count: int) -> list[str]:
 
 
 def check(encoder, sentences: list[str]) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    from sentdp.encoders import batch_invariance_violations
+    from sentdp.encoders import batch_invariance_violations, fixed_batch_violations
 
     start = time.perf_counter()
-    found = batch_invariance_violations(encoder, sweep_rows=encoder.batch_size)
+    if encoder.fixed_batch:
+        found = fixed_batch_violations(encoder)
+    else:
+        found = batch_invariance_violations(encoder, sweep_rows=encoder.batch_size)
     seconds = time.perf_counter() - start
     deltas = [float(line.rsplit(": ", 1)[1]) for line in found]
     together = encoder.encode(sentences)

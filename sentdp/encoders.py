@@ -528,15 +528,92 @@ def batch_invariance_violations(
         if size == batch_sizes[0]:
             layouts += sweep
         for name, order in layouts:
-            rows = encoder.encode([probes[index] for index in order])
-            for position, (index, row) in enumerate(zip(order, rows, strict=True)):
+            found += _moved(encoder, probes, alone, order, f"{name} batch of {len(order)}")
+            if found and first_only:
+                return found
+    return found
+
+
+def fixed_batch_violations(
+    encoder: Encoder, probes: Sequence[str] = INVARIANCE_PROBES, first_only: bool = False
+) -> list[str]:
+    """The start-up check for an encoder in fixed-shape batches: where a probe's embedding in
+    a pass differs in any bit from the probe alone.
+
+    Every pass of such an encoder holds exactly ``batch_size`` rows of one length bucket: its
+    m real sentences, then ``batch_size`` - m filler rows (:func:`bucket_passes`;
+    sentence-transformers' own path orders a pass's rows by length). In a bucket the kernels
+    therefore meet one shape, and a sentence's row can differ from the sentence alone
+    (m = 1, position 0) only with its position p, the count m of real rows, what the other
+    rows hold, or the other passes of the same call (run side by side, or queued on a
+    device). For every bucket the probes reach, this builds:
+
+    - one call holding, back to back, full passes that rotate the bucket's probes (each probe
+      at every position among real rows), a full pass of copies of each probe (no padding
+      at all where a probe fills its bucket), and a pass of ``batch_size`` - 1 probes: several
+      passes of one bucket in one call, beside those of the other buckets;
+    - a call with a pass of m probes for each m from 2 to ``batch_size`` - 2.
+
+    So every (m, p) with p < m holds a probe in every bucket the probes reach: about
+    buckets x (``batch_size`` + 2 x probes per bucket) passes, 43 at 8 rows (the mixed-batch
+    check with its sweep: 94, covering fewer of these layouts), but more than it above 16
+    rows. With ``first_only``, stop after the first call that moves a probe. An empty list
+    means no layout moved any probe.
+    """
+    if not encoder.fixed_batch:
+        raise InputError("fixed_batch_violations checks an encoder in fixed-shape batches")
+    alone = [encoder.encode([probe])[0] for probe in probes]
+    members: dict[int, list[int]] = defaultdict(list)
+    for index, bucket in enumerate(encoder.buckets_of(probes)):
+        members[bucket].append(index)
+    rows = encoder.batch_size
+
+    def several(group: list[int]) -> list[list[int]]:
+        """A bucket's passes in the first call; only the last is not full."""
+        turns = [
+            [group[(p + shift) % len(group)] for p in range(rows)] for shift in range(len(group))
+        ]
+        copies = [[index] * rows for index in group] if len(group) > 1 else []  # else turns
+        return turns + copies + [[group[p % len(group)] for p in range(rows - 1)]]
+
+    calls = [[several(group) for group in members.values()]] + [
+        [[[group[p % len(group)] for p in range(count)]] for group in members.values()]
+        for count in range(2, rows - 1)
+    ]
+    found: list[str] = []
+    for buckets in calls:
+        passes = [order for bucket in buckets for order in bucket if order]
+        embedded = encoder.encode([probes[index] for order in passes for index in order])
+        at = 0
+        for order in passes:
+            for position, index in enumerate(order):
+                row = embedded[at + position]
                 if not np.array_equal(row, alone[index]):
                     delta = float(np.abs(row - alone[index]).max())
                     found.append(
-                        f"probe {index}, {name} batch of {len(order)} at {position}: {delta:g}"
+                        f"probe {index}, pass of {len(order)} real rows at {position}: {delta:g}"
                     )
-            if found and first_only:
-                return found
+            at += len(order)
+        if found and first_only:
+            return found
+    return found
+
+
+def _moved(
+    encoder: Encoder,
+    probes: Sequence[str],
+    alone: Sequence[npt.NDArray[np.float32]],
+    order: list[int],
+    name: str,
+) -> list[str]:
+    """Encode the probes in ``order`` in one call; where a row differs from its probe alone
+    (probe indices and positions only, never text)."""
+    rows = encoder.encode([probes[index] for index in order])
+    found = []
+    for position, (index, row) in enumerate(zip(order, rows, strict=True)):
+        if not np.array_equal(row, alone[index]):
+            delta = float(np.abs(row - alone[index]).max())
+            found.append(f"probe {index}, {name} at {position}: {delta:g}")
     return found
 
 

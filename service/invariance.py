@@ -23,6 +23,19 @@ Reopen = Callable[[str, bool], Any]
 """The bundle's encoder again in fixed-shape batches, on a device, with or without graphs."""
 
 
+def start_up_check(encoder: Any) -> list[str]:
+    """The check on an encoder as it will serve (where a probe moved, no text); it stops at
+    the first batch that moves a probe. In fixed-shape batches, every count of real rows
+    and position of a pass in the probes' buckets, several passes of a bucket in one call
+    (:func:`~sentdp.encoders.fixed_batch_violations`); else mixed batches of several sizes,
+    with every row count a pass can have swept in one bucket."""
+    from sentdp.encoders import batch_invariance_violations, fixed_batch_violations
+
+    if encoder.fixed_batch:
+        return fixed_batch_violations(encoder, first_only=True)
+    return batch_invariance_violations(encoder, sweep_rows=encoder.batch_size, first_only=True)
+
+
 def invariant_encoder(
     encoder: Any,
     reopen: Reopen,

@@ -29,7 +29,7 @@ from bentoml.validators import ContentType
 from sentdp.mean_selection import MeanCandidate
 from sentdp.mechanism import DeepCandidate
 from service import logs
-from service.invariance import invariant_encoder
+from service.invariance import invariant_encoder, start_up_check
 from service.metrics import metric
 from service.scheduling import BATCH_KEY, ComputeThread, FairGate
 from service.schemas import (
@@ -203,19 +203,11 @@ class Worker:
         self.encoder, mode = invariant_encoder(
             self.encoder,
             self._reopen,
-            self._violations,
+            start_up_check,
             load_settings().cuda_graphs,
             use_deterministic_kernels,
         )
         return mode
-
-    @staticmethod
-    def _violations(encoder: Any) -> list[str]:
-        """The start-up check on an encoder as it will serve, with every row count a pass can
-        have swept in one bucket; it stops at the first batch that moves a probe."""
-        from sentdp.encoders import batch_invariance_violations
-
-        return batch_invariance_violations(encoder, sweep_rows=encoder.batch_size, first_only=True)
 
     def _reopen(self, device: str, cuda_graphs: bool) -> Any:
         """The bundle's encoder again, on ``device``, in fixed-shape batches (small ones on

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,10 @@ from sentdp.encoders import (
     MLP_BLOCK_ROWS,
     SentenceEncoder,
     batch_invariance_violations,
+    bucket_of,
+    encode_in_buckets,
     encode_once,
+    fixed_batch_violations,
     recode,
 )
 from sentdp.errors import InputError
@@ -60,6 +65,7 @@ def test_fixed_batches_pass_the_start_up_check_on_the_cpu(encoder) -> None:
     probes = INVARIANCE_PROBES[:4]
     fixed = SentenceEncoder(encoder.path, "cpu", batch_size=4, fixed_batch=True)
     assert batch_invariance_violations(fixed, probes, batch_sizes=(2, 5)) == []
+    assert fixed_batch_violations(fixed, probes) == []
     alone = fixed.encode([TARGET])[0]
     np.testing.assert_array_equal(fixed.encode([*LONGER, TARGET, *LONGER])[len(LONGER)], alone)
 
@@ -189,7 +195,7 @@ def test_each_owner_s_repeated_sentence_is_encoded_once_and_bit_identically(enco
     assert encode_once(Spy(), []).shape == (0, encoder.dim)  # type: ignore[arg-type]
 
 
-class _MovesAtFiveRows:
+class MovesAtFiveRows:
     """An encoder whose kernels change at one row count only, as ONNX Runtime's pooling did."""
 
     device, dim, max_tokens, batch_size, fixed_batch = "cpu", 4, 16, 8, False
@@ -200,7 +206,7 @@ class _MovesAtFiveRows:
 
 
 def test_the_start_up_check_sweeps_every_row_count_a_pass_can_have() -> None:
-    encoder = _MovesAtFiveRows()
+    encoder = MovesAtFiveRows()
     assert batch_invariance_violations(encoder) == []  # 2, 3, 8, 33 and 64 rows miss it
     found = batch_invariance_violations(encoder, sweep_rows=encoder.batch_size)
     assert found
@@ -276,3 +282,121 @@ def test_graphed_passes_refuse_a_caller_on_another_stream(encoder) -> None:
     queued = SentenceEncoder(encoder.path, "cuda", batch_size=4, fixed_batch=True)
     with torch.cuda.stream(torch.cuda.Stream()), pytest.raises(InternalError, match="stream"):
         queued.encode([TARGET])
+
+
+_CHAR_BUCKETS = (8, 16, 32, 64, 128, 256, 512)
+_FILLER = [ord(".")]
+
+Fault = Callable[[int, list[list[int]], int, int], bool]
+"""Whether a pass moves its row at a position: (bucket, the pass's rows, position, how many
+passes of that bucket came before it in the same call)."""
+
+
+def layout(bucket: int, real: int, position: int) -> Fault:
+    """A kernel whose micro-tiles end at ``position`` when a pass holds ``real`` real rows."""
+    return lambda length, rows, at, _: (
+        (length, sum(r != _FILLER for r in rows), at) == (bucket, real, position)
+    )
+
+
+class FixedPasses:
+    """An encoder in fixed-shape batches whose tokens are characters, run through sentdp's own
+    passes (:func:`encode_in_buckets`), with a planted fault that moves a row by 1e-6."""
+
+    device, dim, max_tokens, fixed_batch = "cpu", 3, 512, True
+
+    def __init__(self, rows: int, fault: Fault | None = None) -> None:
+        self.batch_size, self.fault, self.passes = rows, fault, 0
+        self._before: Counter[int] = Counter()
+
+    def _ids(self, sentences):  # type: ignore[no-untyped-def]
+        return [[ord(c) for c in s] for s in sentences]
+
+    def buckets_of(self, sentences):  # type: ignore[no-untyped-def]
+        return [bucket_of(len(ids), _CHAR_BUCKETS) for ids in self._ids(sentences)]
+
+    def encode(self, sentences):  # type: ignore[no-untyped-def]
+        out = np.empty((len(sentences), self.dim), dtype=np.float32)
+        ids = self._ids(sentences)
+        self._before = Counter()
+        return encode_in_buckets(ids, _CHAR_BUCKETS, self.batch_size, _FILLER, self._run, out)
+
+    def _run(self, rows, length):  # type: ignore[no-untyped-def]
+        self.passes += 1
+        assert len(rows) == self.batch_size  # fixed shape: every pass is full
+        out = np.array([[sum(r) % 97 / 97, len(r) / 512, r[0] / 128] for r in rows], np.float32)
+        for at in range(len(rows)):
+            if self.fault is not None and self.fault(length, rows, at, self._before[length]):
+                out[at] += np.float32(1e-6)
+        self._before[length] += 1
+        return out
+
+
+def test_the_fixed_batch_check_catches_a_fault_at_every_layout_a_pass_can_have() -> None:
+    """A fixed-shape pass can differ only in a row's position, the count of real rows and what
+    they hold; a fault planted at any (bucket, real rows, position) of the probes' buckets is
+    found, while the mixed-batch check with its sweep misses some, with twice the passes."""
+    rows = 8
+    buckets = sorted(set(FixedPasses(rows).buckets_of(INVARIANCE_PROBES)))
+    assert len(buckets) >= 4  # the probes reach several buckets
+    assert fixed_batch_violations(FixedPasses(rows)) == []
+    missed = []
+    for bucket in buckets:
+        for real in range(2, rows + 1):
+            for position in range(real):
+                planted = FixedPasses(rows, layout(bucket, real, position))
+                found = fixed_batch_violations(planted)
+                assert found, (bucket, real, position)
+                assert all(line.startswith("probe ") for line in found)  # no text
+                assert all(f"pass of {real} real rows at {position}:" in x for x in found)
+                assert fixed_batch_violations(planted, first_only=True)
+                if not batch_invariance_violations(planted, sweep_rows=rows):
+                    missed.append((bucket, real, position))
+    assert missed  # the layouts the old check never built
+    new, old = FixedPasses(rows), FixedPasses(rows)
+    fixed_batch_violations(new)
+    batch_invariance_violations(old, sweep_rows=rows)
+    assert old.passes > 2 * new.passes
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 32])
+def test_the_fixed_batch_check_catches_a_pass_that_depends_on_an_earlier_one(rows: int) -> None:
+    """Passes of one call run side by side (ONNX Runtime's row threading) or queued on a
+    device (CUDA graphs share their buffers): a second pass of a bucket in one call is built."""
+    found = fixed_batch_violations(FixedPasses(rows, lambda _, __, ___, before: before == 1))
+    assert found
+
+
+def test_the_fixed_batch_check_builds_a_pass_without_padding() -> None:
+    """sentence-transformers' path drops the attention mask of a pass without any padding (a
+    different kernel): a full pass of copies of a probe that fills its bucket is built."""
+    probe = "He scored twice."
+    assert FixedPasses(8).buckets_of([probe]) == [len(probe)]  # fills bucket 16 exactly
+
+    def unpadded(length: int, rows: list[list[int]], _: int, __: int) -> bool:
+        return all(len(row) == length for row in rows)
+
+    assert fixed_batch_violations(FixedPasses(8, unpadded), (probe, "It rained."))
+    assert fixed_batch_violations(FixedPasses(8, unpadded))  # among the default probes
+
+
+@pytest.mark.parametrize("rows", [2, 8])
+def test_the_fixed_batch_check_puts_each_probe_at_each_position(rows: int) -> None:
+    """Three probes share bucket 16: the rotations put each of them at each position among
+    other probes (copies of itself are not enough), whether passes hold fewer rows than the
+    bucket has probes or more."""
+    probes = ("abcdefghij", "klmnopqrst", "uvwxyzabcd")
+    ids = FixedPasses(rows)._ids(probes)
+    for probe, position in itertools.product(range(3), range(rows)):
+
+        def there(_: int, passed: list[list[int]], at: int, __: int) -> bool:
+            others = [row for row in passed if row not in (_FILLER, ids[probe])]  # noqa: B023
+            return at == position and passed[at] == ids[probe] and bool(others)  # noqa: B023
+
+        assert fixed_batch_violations(FixedPasses(rows, there), probes), (probe, position)
+    assert fixed_batch_violations(FixedPasses(1), probes) == []
+
+
+def test_the_fixed_batch_check_refuses_an_encoder_in_plain_buckets(encoder) -> None:
+    with pytest.raises(InputError, match="fixed-shape"):
+        fixed_batch_violations(encoder)

@@ -23,6 +23,7 @@ from sentdp.encoders import (
     batch_invariance_violations,
     default_encoder_path,
     encoder_files_sha256,
+    fixed_batch_violations,
     open_encoder,
 )
 from sentdp.errors import InputError
@@ -75,6 +76,7 @@ def test_fixed_batches_keep_a_sentence_independent_of_its_batch(exported, backen
     fixed = open_encoder(exported[backend], backend, batch_size=4, fixed_batch=True)
     probes = INVARIANCE_PROBES[:4]
     assert batch_invariance_violations(fixed, probes, batch_sizes=(2, 5)) == []
+    assert fixed_batch_violations(fixed, INVARIANCE_PROBES) == []
     alone = fixed.encode([probes[1]])[0]
     crowd = [probes[0], probes[2], probes[1], probes[3], probes[1], probes[0]]
     np.testing.assert_array_equal(fixed.encode(crowd)[2], alone)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from service.invariance import invariant_encoder
+from service.invariance import invariant_encoder, start_up_check
 
 SECRET = "a sentence that must never reach a log"
 
@@ -148,3 +148,16 @@ def test_only_a_fallback_to_the_cpu_is_logged_as_a_warning(
         if getattr(r, "sentdp_fields", {}).get("event") == "encoder_batch_invariance"
     ]
     assert serving.levelno == level
+
+
+def test_the_worker_checks_an_encoder_in_fixed_shape_batches_over_every_pass_layout() -> None:
+    """The worker's check of a fixed-shape encoder builds the layouts the mixed-batch check
+    never does (here: four real rows of bucket 16), and a plain encoder still gets the sweep."""
+    from tests.sentdp.test_encoders import FixedPasses, MovesAtFiveRows, layout
+
+    planted = FixedPasses(8, layout(16, 4, 0))
+    found = start_up_check(planted)
+    assert found
+    assert all("pass of 4 real rows at 0:" in line for line in found)
+    assert start_up_check(FixedPasses(8)) == []
+    assert start_up_check(MovesAtFiveRows())[0].startswith("probe 0, swept batch of 5")
