@@ -542,23 +542,26 @@ def fixed_batch_violations(
 
     Every pass of such an encoder holds exactly ``batch_size`` rows of one length bucket: its
     m real sentences, then ``batch_size`` - m filler rows (:func:`bucket_passes`;
-    sentence-transformers' own path orders a pass's rows by length). In a bucket the kernels
-    therefore meet one shape, and a sentence's row can differ from the sentence alone
-    (m = 1, position 0) only with its position p, the count m of real rows, what the other
-    rows hold, or the other passes of the same call (run side by side, or queued on a
+    sentence-transformers' own path sorts a bucket's rows by length first). In a bucket the
+    kernels therefore meet one shape, and a sentence's row can differ from the sentence
+    alone (m = 1, position 0) only with its position p, the count m of real rows, what the
+    other rows hold, or the other passes of the same call (run side by side, or queued on a
     device). For every bucket the probes reach, this builds:
 
     - one call holding, back to back, full passes that rotate the bucket's probes (each probe
       at every position among real rows), a full pass of copies of each probe (no padding
       at all where a probe fills its bucket), and a pass of ``batch_size`` - 1 probes: several
       passes of one bucket in one call, beside those of the other buckets;
-    - a call with a pass of m probes for each m from 2 to ``batch_size`` - 2.
+    - a call with a pass of m probes for each m from 2 to ``batch_size`` - 2, in the smallest
+      bucket from 1 and after a full pass of the bucket (the last pass of a bucket in a
+      call is the one partly filled).
 
-    So every (m, p) with p < m holds a probe in every bucket the probes reach: about
-    buckets x (``batch_size`` + 2 x probes per bucket) passes, 43 at 8 rows (the mixed-batch
-    check with its sweep: 94, covering fewer of these layouts), but more than it above 16
-    rows. With ``first_only``, stop after the first call that moves a probe. An empty list
-    means no layout moved any probe.
+    So every (m, p) with p < m holds a probe in every bucket the probes reach, as the first
+    partial pass of its bucket in a call and, in the smallest bucket, as a later one: about
+    buckets x (``batch_size`` + 2 x probes per bucket) + ``batch_size`` passes: 50 at 8 rows
+    (the mixed-batch check with its sweep: 94, covering fewer of these layouts), but more
+    than it above 16 rows. With ``first_only``, stop after the first call that moves a
+    probe. An empty list means no layout moved any probe.
     """
     if not encoder.fixed_batch:
         raise InputError("fixed_batch_violations checks an encoder in fixed-shape batches")
@@ -576,9 +579,16 @@ def fixed_batch_violations(
         copies = [[index] * rows for index in group] if len(group) > 1 else []  # else turns
         return turns + copies + [[group[p % len(group)] for p in range(rows - 1)]]
 
+    def sweep(bucket: int, group: list[int], count: int) -> list[list[int]]:
+        """A bucket's passes in the sweep's call of ``count`` probes."""
+        partial = [group[p % len(group)] for p in range(count)]
+        if bucket == min(members):
+            return [[group[p % len(group)] for p in range(rows)], partial]
+        return [partial] if count > 1 else []
+
     calls = [[several(group) for group in members.values()]] + [
-        [[[group[p % len(group)] for p in range(count)]] for group in members.values()]
-        for count in range(2, rows - 1)
+        [sweep(bucket, group, count) for bucket, group in members.items()]
+        for count in range(1, rows - 1)
     ]
     found: list[str] = []
     for buckets in calls:
