@@ -10,7 +10,7 @@ cuBLAS may choose kernels by batch size, so bit-identity there is measured, not 
 :func:`batch_invariance_violations` checks it, and ``fixed_batch=True`` (every forward pass
 padded to exactly ``batch_size`` rows, one kernel shape per bucket) with
 :func:`use_deterministic_kernels` is the remedy the worker tries before falling back to the
-CPU.
+CPU (:func:`fixed_batch_violations` checks that mode).
 
 :class:`Recoder` (H) and the classifier heads are small MLPs evaluated in float64 NumPy in
 fixed blocks of rows, so their outputs are also independent of batch composition.
