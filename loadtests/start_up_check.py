@@ -1,6 +1,6 @@
 """What the worker's start-up check costs, per bundle and encoder mode, in one process.
 
-Run: ``.venv/bin/python loadtests/start_up_check.py TAG [TAG ...] [--repeats 3]``
+Run: ``.venv/bin/python loadtests/start_up_check.py TAG [TAG ...] [--repeats 3] [--every-bucket]``
 
 For each bundle's encoder on the CPU (the worker's threads and rows per pass, from the
 settings): the check of plain length buckets (``batch_invariance_violations`` with every row
@@ -9,17 +9,23 @@ ran on them before the thirtieth session) and ``fixed_batch_violations`` (what i
 Each is run in full (not stopping at a violation), ``--repeats`` times, alternating; the
 table gives the encoder passes, the median seconds, how many probe rows moved, and the ratio
 of the fixed-shape check now to before.
+
+With ``--every-bucket``, also each check once for every bucket the worker's probes do not
+reach, on a public probe that fills it (:func:`sentdp.encoders.bucket_probes`): the worker
+does not check those buckets, so this is how to see whether this machine's kernels keep
+their rows apart there too.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,16 +60,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="bundle tags")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--every-bucket", action="store_true")
     args = parser.parse_args()
 
-    from sentdp.encoders import batch_invariance_violations, fixed_batch_violations, open_encoder
+    from sentdp.encoders import (
+        INVARIANCE_PROBES,
+        batch_invariance_violations,
+        bucket_probes,
+        fixed_batch_violations,
+        open_encoder,
+    )
     from service.settings import load_settings
     from training.store import load_from_store
 
     settings = load_settings()
 
-    def swept(encoder: Any) -> list[str]:
-        return batch_invariance_violations(encoder, sweep_rows=encoder.batch_size)
+    def swept(encoder: Any, probes: Sequence[str] = INVARIANCE_PROBES) -> list[str]:
+        return batch_invariance_violations(encoder, probes, sweep_rows=encoder.batch_size)
 
     print(f"{'bundle':34s} {'encoder':28s} {'check':22s} {'passes':>6s} {'median s':>9s} moved")
     for model in args.models:
@@ -110,6 +123,16 @@ def main() -> None:
             print(f"{model:34s} {mode:28s} {name:22s} {results[0][0]:6d} {seconds:9.2f} {moved}")
         before, now = (medians[(c[0], c[1])] for c in cases[1:])
         print(f"{model:34s} fixed-shape check now / before: {now / before:.2f}")
+        if not args.every_bucket:
+            continue
+        reached = set(plain.buckets_of(list(INVARIANCE_PROBES)))
+        for bucket, probe in bucket_probes(plain).items():
+            if bucket in reached:
+                continue
+            for mode, name, check, encoder in (cases[0], cases[2]):
+                passes, seconds, moved = timed(functools.partial(check, probes=(probe,)), encoder)
+                label = f"{name}, bucket {bucket}"
+                print(f"{model:34s} {mode:28s} {label:22s} {passes:6d} {seconds:9.2f} {moved}")
 
 
 if __name__ == "__main__":

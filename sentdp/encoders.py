@@ -57,6 +57,19 @@ INVARIANCE_PROBES = (
 """Public sentences of several length buckets for the start-up batch-invariance check."""
 
 
+def bucket_probes(encoder: Encoder, words: Sequence[str] | None = None) -> dict[int, str]:
+    """A public probe for every length bucket of ``encoder``: the longest run of ``words``
+    (the invariance probes' words, repeated) that lands in the bucket, so it fills the bucket
+    or nearly (the last one exactly: the tokenizer cuts the run to it). For the buckets that
+    :data:`INVARIANCE_PROBES` do not reach, to check every bucket's kernels on a machine."""
+    pool = list(words or " ".join(INVARIANCE_PROBES).split())
+    texts = [
+        " ".join(pool[i % len(pool)] for i in range(n)) for n in range(1, 2 * encoder.max_tokens)
+    ]
+    probes = dict(zip(encoder.buckets_of(texts), texts, strict=True))  # the longest of each
+    return dict(sorted(probes.items()))
+
+
 def length_buckets(max_tokens: int) -> list[int]:
     """The padded lengths an encoder of ``max_tokens`` uses, the longest being ``max_tokens``."""
     return [b for b in LENGTH_BUCKETS if b < max_tokens] + [max_tokens]

@@ -17,9 +17,11 @@ from sentdp.encoders import (
     SentenceEncoder,
     batch_invariance_violations,
     bucket_of,
+    bucket_probes,
     encode_in_buckets,
     encode_once,
     fixed_batch_violations,
+    length_buckets,
     recode,
 )
 from sentdp.errors import InputError
@@ -431,6 +433,17 @@ def test_a_default_probe_fills_its_bucket_so_a_pass_without_padding_is_checked(e
     lengths = [len(ids) for ids in encoder._ids(list(INVARIANCE_PROBES))]
     assert lengths[6] == 16  # "The film, though long, ...": a full pass of it has no padding
     assert encoder.buckets_of([INVARIANCE_PROBES[6]]) == [16]
+
+
+def test_bucket_probes_fill_every_bucket_with_public_words(encoder) -> None:
+    probes = bucket_probes(encoder)
+    assert list(probes) == length_buckets(encoder.max_tokens)
+    assert encoder.buckets_of(list(probes.values())) == list(probes)
+    lengths = [len(ids) for ids in encoder._ids(list(probes.values()))]
+    assert lengths[-1] == encoder.max_tokens  # the tokenizer cut the last to its bucket
+    assert all(bucket - 4 < n <= bucket for bucket, n in zip(probes, lengths, strict=True))
+    words = set(" ".join(INVARIANCE_PROBES).split())
+    assert all(set(text.split()) <= words for text in probes.values())
 
 
 def test_the_fixed_batch_check_refuses_an_encoder_in_plain_buckets(encoder) -> None:
