@@ -23,17 +23,34 @@ Reopen = Callable[[str, bool], Any]
 """The bundle's encoder again in fixed-shape batches, on a device, with or without graphs."""
 
 
-def start_up_check(encoder: Any) -> list[str]:
+def start_up_check(encoder: Any, every_bucket: bool = False) -> list[str]:
     """The check on an encoder as it will serve (where a probe moved, no text); it stops at
     the first batch that moves a probe. In fixed-shape batches, every count of real rows
     and position of a pass in the probes' buckets, several passes of a bucket in one call
     (:func:`~sentdp.encoders.fixed_batch_violations`); else mixed batches of several sizes,
-    with every row count a pass can have swept in one bucket."""
+    with every row count a pass can have swept in one bucket. With ``every_bucket``, the
+    probes include one filling each bucket the invariance probes miss."""
     from sentdp.encoders import batch_invariance_violations, fixed_batch_violations
 
+    probes = checked_probes(encoder, every_bucket)
     if encoder.fixed_batch:
-        return fixed_batch_violations(encoder, first_only=True)
-    return batch_invariance_violations(encoder, sweep_rows=encoder.batch_size, first_only=True)
+        return fixed_batch_violations(encoder, probes, first_only=True)
+    return batch_invariance_violations(
+        encoder, probes, sweep_rows=encoder.batch_size, first_only=True
+    )
+
+
+def checked_probes(encoder: Any, every_bucket: bool) -> tuple[str, ...]:
+    """The invariance probes and, with ``every_bucket``, a public probe for each bucket they
+    miss: after the first probe (the row counts are swept in its bucket) and before the last
+    (batches of its copies are checked), so those batches stay short."""
+    from sentdp.encoders import INVARIANCE_PROBES, bucket_probes
+
+    if not every_bucket:
+        return INVARIANCE_PROBES
+    reached = set(encoder.buckets_of(list(INVARIANCE_PROBES)))
+    extra = [probe for bucket, probe in bucket_probes(encoder).items() if bucket not in reached]
+    return (INVARIANCE_PROBES[0], *extra, *INVARIANCE_PROBES[1:])
 
 
 def invariant_encoder(

@@ -14,6 +14,7 @@ final whatever happens.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -29,7 +30,7 @@ from bentoml.validators import ContentType
 from sentdp.mean_selection import MeanCandidate
 from sentdp.mechanism import DeepCandidate
 from service import logs
-from service.invariance import invariant_encoder, start_up_check
+from service.invariance import checked_probes, invariant_encoder, start_up_check
 from service.metrics import metric
 from service.scheduling import BATCH_KEY, ComputeThread, FairGate
 from service.schemas import (
@@ -200,13 +201,17 @@ class Worker:
         the encoder as opened, else fixed-shape batches, else for CUDA the CPU); the mode."""
         from sentdp.encoders import use_deterministic_kernels
 
+        settings = load_settings()
+        every = settings.check_every_bucket
         self.encoder, mode = invariant_encoder(
             self.encoder,
             self._reopen,
-            start_up_check,
-            load_settings().cuda_graphs,
+            functools.partial(start_up_check, every_bucket=every),
+            settings.cuda_graphs,
             use_deterministic_kernels,
         )
+        checked = sorted(set(self.encoder.buckets_of(list(checked_probes(self.encoder, every)))))
+        logs.log_event("encoder_buckets_checked", buckets=checked, every_bucket=every)
         return mode
 
     def _reopen(self, device: str, cuda_graphs: bool) -> Any:

@@ -304,18 +304,19 @@ def real_rows(rows: list[list[int]]) -> int:
 
 
 class FixedPasses:
-    """An encoder in fixed-shape batches whose tokens are characters, run through sentdp's own
-    passes (:func:`encode_in_buckets`), with a planted fault that moves a row by 1e-6."""
+    """An encoder in fixed-shape batches (or, with ``fixed=False``, plain buckets) whose tokens
+    are characters (at most 512), run through sentdp's own passes
+    (:func:`encode_in_buckets`), with a planted fault that moves a row by 1e-6."""
 
-    device, dim, max_tokens, fixed_batch = "cpu", 3, 512, True
+    device, dim, max_tokens = "cpu", 3, 512
 
-    def __init__(self, rows: int, fault: Fault | None = None) -> None:
-        self.batch_size, self.fault, self.passes = rows, fault, 0
+    def __init__(self, rows: int, fault: Fault | None = None, fixed: bool = True) -> None:
+        self.batch_size, self.fault, self.passes, self.fixed_batch = rows, fault, 0, fixed
         self._before: Counter[int] = Counter()
         self._earlier = 0
 
     def _ids(self, sentences):  # type: ignore[no-untyped-def]
-        return [[ord(c) for c in s] for s in sentences]
+        return [[ord(c) for c in s][: self.max_tokens] for s in sentences]
 
     def buckets_of(self, sentences):  # type: ignore[no-untyped-def]
         return [bucket_of(len(ids), _CHAR_BUCKETS) for ids in self._ids(sentences)]
@@ -324,11 +325,12 @@ class FixedPasses:
         out = np.empty((len(sentences), self.dim), dtype=np.float32)
         ids = self._ids(sentences)
         self._before, self._earlier = Counter(), 0
-        return encode_in_buckets(ids, _CHAR_BUCKETS, self.batch_size, _FILLER, self._run, out)
+        filler = _FILLER if self.fixed_batch else None
+        return encode_in_buckets(ids, _CHAR_BUCKETS, self.batch_size, filler, self._run, out)
 
     def _run(self, rows, length):  # type: ignore[no-untyped-def]
         self.passes += 1
-        assert len(rows) == self.batch_size  # fixed shape: every pass is full
+        assert len(rows) == self.batch_size or not self.fixed_batch  # fixed: every pass full
         out = np.array([[sum(r) % 97 / 97, len(r) / 512, r[0] / 128] for r in rows], np.float32)
         for at in range(len(rows)):
             before = self._before[length]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from service.invariance import invariant_encoder, start_up_check
+from service.invariance import checked_probes, invariant_encoder, start_up_check
 
 SECRET = "a sentence that must never reach a log"
 
@@ -161,3 +161,23 @@ def test_the_worker_checks_an_encoder_in_fixed_shape_batches_over_every_pass_lay
     assert all("pass of 4 real rows at 0:" in line for line in found)
     assert start_up_check(FixedPasses(8)) == []
     assert start_up_check(MovesAtFiveRows())[0].startswith("probe 0, swept batch of 5")
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_every_bucket_checks_the_buckets_the_probes_miss(fixed: bool) -> None:
+    """SENTDP_CHECK_EVERY_BUCKET: a fault in a bucket no invariance probe lands in (128
+    characters here) passes the default check and fails the check of every bucket."""
+    from sentdp.encoders import INVARIANCE_PROBES
+    from tests.sentdp.test_encoders import _CHAR_BUCKETS, FixedPasses, real_rows
+
+    def in_128(length: int, rows: list[list[int]], *_: int) -> bool:
+        return length == 128 and real_rows(rows) >= 2
+
+    assert 128 not in FixedPasses(8).buckets_of(INVARIANCE_PROBES)
+    assert start_up_check(FixedPasses(8, in_128, fixed)) == []
+    assert start_up_check(FixedPasses(8, in_128, fixed), every_bucket=True)
+    assert start_up_check(FixedPasses(8, fixed=fixed), every_bucket=True) == []
+    probes = checked_probes(FixedPasses(8), every_bucket=True)
+    assert (probes[0], probes[-1]) == (INVARIANCE_PROBES[0], INVARIANCE_PROBES[-1])
+    assert sorted(set(FixedPasses(8).buckets_of(probes))) == list(_CHAR_BUCKETS)
+    assert checked_probes(FixedPasses(8), every_bucket=False) == INVARIANCE_PROBES

@@ -24,13 +24,19 @@ def int8_tag() -> str:
 
 
 def serve(
-    tag: str, folder: Path, expected: str, timeout: float = 300.0, refused: str | None = None
+    tag: str,
+    folder: Path,
+    expected: str,
+    timeout: float = 300.0,
+    refused: str | None = None,
+    **extra: str,
 ) -> Server:
     env = {
         "SENTDP_MODEL": tag,
         "SENTDP_TENANTS_FILE": str(write_tenants(folder / "tenants.json")),
         "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
         "SENTDP_ENCODER_BACKEND": expected,
+        **extra,
     }
     return Server(env, log=folder / "server.log").start(timeout, refused)
 
@@ -55,3 +61,17 @@ def test_a_deployment_expecting_torch_refuses_the_int8_bundle(int8_tag, tmp_path
         serve(int8_tag, tmp_path, "torch", timeout=120, refused=refusal)
     log = (tmp_path / "server.log").read_text(errors="replace")
     assert refusal in log
+
+
+def test_a_worker_asked_to_checks_every_bucket_before_it_serves(int8_tag, tmp_path) -> None:
+    server = serve(int8_tag, tmp_path, "onnx-int8", SENTDP_CHECK_EVERY_BUCKET="true")
+    try:
+        assert privatize(server, "onnx-user", 2.0, TENANTS[0].key).status_code == 200
+    finally:
+        server.stop()
+    (line,) = [
+        line
+        for line in (tmp_path / "server.log").read_text(errors="replace").splitlines()
+        if "encoder_buckets_checked" in line
+    ]
+    assert "[8, 16, 24, 32, 48, 64, 96, 128, 192, 256]" in line
