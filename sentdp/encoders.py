@@ -60,13 +60,23 @@ INVARIANCE_PROBES = (
 def bucket_probes(encoder: Encoder, words: Sequence[str] | None = None) -> dict[int, str]:
     """A public probe for every length bucket of ``encoder``: the longest run of ``words``
     (the invariance probes' words, repeated) that lands in the bucket, so it fills the bucket
-    or nearly (the last one exactly: the tokenizer cuts the run to it). For the buckets that
-    :data:`INVARIANCE_PROBES` do not reach, to check every bucket's kernels on a machine."""
+    or nearly (the last one exactly: the tokenizer cuts the run to it); where no run lands in
+    a bucket (a word of many tokens), the longest run below it followed by full stops. For
+    the buckets that :data:`INVARIANCE_PROBES` do not reach, to check every bucket's kernels
+    on a machine."""
     pool = list(words or " ".join(INVARIANCE_PROBES).split())
-    texts = [
+    runs = [
         " ".join(pool[i % len(pool)] for i in range(n)) for n in range(1, 2 * encoder.max_tokens)
     ]
-    probes = dict(zip(encoder.buckets_of(texts), texts, strict=True))  # the longest of each
+    probes = dict(zip(encoder.buckets_of(runs), runs, strict=True))  # the longest of each
+    for bucket in length_buckets(encoder.max_tokens):
+        if bucket in probes:
+            continue
+        below = max((text for b, text in probes.items() if b < bucket), key=len, default="")
+        stops = [f"{below}{' .' * n}".strip() for n in range(1, bucket + 1)]
+        landed = [t for t, b in zip(stops, encoder.buckets_of(stops), strict=True) if b == bucket]
+        if landed:
+            probes[bucket] = landed[-1]
     return dict(sorted(probes.items()))
 
 

@@ -23,34 +23,57 @@ Reopen = Callable[[str, bool], Any]
 """The bundle's encoder again in fixed-shape batches, on a device, with or without graphs."""
 
 
-def start_up_check(encoder: Any, every_bucket: bool = False) -> list[str]:
+class StartUpCheck:
     """The check on an encoder as it will serve (where a probe moved, no text); it stops at
-    the first batch that moves a probe. In fixed-shape batches, every count of real rows
-    and position of a pass in the probes' buckets, several passes of a bucket in one call
+    the first batch that moves a probe, and records the buckets its probes covered.
+
+    In fixed-shape batches, every count of real rows and position of a pass in the probes'
+    buckets, several passes of a bucket in one call
     (:func:`~sentdp.encoders.fixed_batch_violations`); else mixed batches of several sizes,
-    with every row count a pass can have swept in one bucket. With ``every_bucket``, the
-    probes include one filling each bucket the invariance probes miss."""
+    with every row count a pass can have swept in one bucket. With ``every_bucket``, then
+    the same on a public probe filling each bucket the invariance probes miss
+    (:func:`extra_probes`), apart, so that the first check stays exactly as it is; in plain
+    buckets without the sweep, whose row counts in buckets of up to 256 tokens would cost
+    seconds more."""
+
+    def __init__(self, every_bucket: bool = False) -> None:
+        self.every_bucket = every_bucket
+        self.buckets: list[int] = []
+
+    def __call__(self, encoder: Any) -> list[str]:
+        from sentdp.encoders import INVARIANCE_PROBES
+
+        self.buckets = []
+        rounds: list[tuple[tuple[str, ...], bool]] = [(INVARIANCE_PROBES, True)]
+        if self.every_bucket:
+            rounds.append((extra_probes(encoder), False))
+        for probes, sweep in rounds:
+            found = _violations(encoder, probes, sweep)
+            if found:
+                return found
+            self.buckets = sorted({*self.buckets, *encoder.buckets_of(list(probes))})
+        return []
+
+
+def _violations(encoder: Any, probes: tuple[str, ...], sweep: bool) -> list[str]:
     from sentdp.encoders import batch_invariance_violations, fixed_batch_violations
 
-    probes = checked_probes(encoder, every_bucket)
     if encoder.fixed_batch:
         return fixed_batch_violations(encoder, probes, first_only=True)
-    return batch_invariance_violations(
-        encoder, probes, sweep_rows=encoder.batch_size, first_only=True
-    )
+    rows = encoder.batch_size if sweep else 0
+    return batch_invariance_violations(encoder, probes, sweep_rows=rows, first_only=True)
 
 
-def checked_probes(encoder: Any, every_bucket: bool) -> tuple[str, ...]:
-    """The invariance probes and, with ``every_bucket``, a public probe for each bucket they
-    miss: after the first probe (the row counts are swept in its bucket) and before the last
-    (batches of its copies are checked), so those batches stay short."""
+def extra_probes(encoder: Any) -> tuple[str, ...]:
+    """A public probe for each bucket the invariance probes miss, the two shortest first and
+    last: the mixed-batch check builds batches of copies of those two."""
     from sentdp.encoders import INVARIANCE_PROBES, bucket_probes
 
-    if not every_bucket:
-        return INVARIANCE_PROBES
     reached = set(encoder.buckets_of(list(INVARIANCE_PROBES)))
     extra = [probe for bucket, probe in bucket_probes(encoder).items() if bucket not in reached]
-    return (INVARIANCE_PROBES[0], *extra, *INVARIANCE_PROBES[1:])
+    if len(extra) > 2:
+        extra = [extra[0], *extra[2:], extra[1]]
+    return tuple(extra)
 
 
 def invariant_encoder(

@@ -166,9 +166,10 @@ class ServiceSettings(BaseSettings):
     check_every_bucket: bool = False
     """Also check, at start-up, every length bucket the invariance probes miss (for
     all-MiniLM-L6-v2 the buckets of 24, 48 and 96 to 256 tokens), on public probes that fill
-    them (:func:`sentdp.encoders.bucket_probes`); the worker refuses to serve if any of them
-    moves. Off by default: on 2 CPU cores it adds seconds to tens of seconds to the start
-    (docs/performance.md, "A start-up check sized to fixed-shape passes")."""
+    them (:class:`service.invariance.StartUpCheck`); one that moves sends the worker to its
+    next mode, as the first check does. Off by default: on 2 CPU cores it added 3.4-7.2 s
+    to the start (measured; docs/performance.md, "A start-up check sized to fixed-shape
+    passes")."""
     cpu_fixed_batch_size: int = Field(default=8, ge=1)
     """Rows of every encoder pass on the CPU when the start-up check asks for fixed-shape
     batches: each bucket of a batch is padded to a multiple of this, so a small value wastes

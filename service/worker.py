@@ -14,7 +14,6 @@ final whatever happens.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -30,7 +29,7 @@ from bentoml.validators import ContentType
 from sentdp.mean_selection import MeanCandidate
 from sentdp.mechanism import DeepCandidate
 from service import logs
-from service.invariance import checked_probes, invariant_encoder, start_up_check
+from service.invariance import StartUpCheck, invariant_encoder
 from service.metrics import metric
 from service.scheduling import BATCH_KEY, ComputeThread, FairGate
 from service.schemas import (
@@ -202,16 +201,21 @@ class Worker:
         from sentdp.encoders import use_deterministic_kernels
 
         settings = load_settings()
-        every = settings.check_every_bucket
+        check = StartUpCheck(settings.check_every_bucket)
         self.encoder, mode = invariant_encoder(
-            self.encoder,
-            self._reopen,
-            functools.partial(start_up_check, every_bucket=every),
-            settings.cuda_graphs,
-            use_deterministic_kernels,
+            self.encoder, self._reopen, check, settings.cuda_graphs, use_deterministic_kernels
         )
-        checked = sorted(set(self.encoder.buckets_of(list(checked_probes(self.encoder, every)))))
-        logs.log_event("encoder_buckets_checked", buckets=checked, every_bucket=every)
+        from sentdp.encoders import length_buckets
+
+        unchecked = sorted(set(length_buckets(self.encoder.max_tokens)) - set(check.buckets))
+        level = logging.WARNING if check.every_bucket and unchecked else logging.INFO
+        logs.log_event(
+            "encoder_buckets_checked",
+            level,
+            buckets=check.buckets,
+            unchecked=unchecked,
+            every_bucket=check.every_bucket,
+        )
         return mode
 
     def _reopen(self, device: str, cuda_graphs: bool) -> Any:

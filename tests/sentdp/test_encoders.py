@@ -448,6 +448,14 @@ def test_bucket_probes_fill_every_bucket_with_public_words(encoder) -> None:
     assert all(set(text.split()) <= words for text in probes.values())
 
 
+def test_bucket_probes_fill_buckets_that_no_run_of_words_lands_in() -> None:
+    fake = FixedPasses(8)  # a token per character: a word of 12 skips the bucket of 8
+    probes = bucket_probes(fake, words=["abcdefghijkl"])
+    assert list(probes) == list(_CHAR_BUCKETS)
+    assert fake.buckets_of(list(probes.values())) == list(_CHAR_BUCKETS)
+    assert set(probes[8]) <= {".", " "}
+
+
 def test_the_fixed_batch_check_refuses_an_encoder_in_plain_buckets(encoder) -> None:
     with pytest.raises(InputError, match="fixed-shape"):
         fixed_batch_violations(encoder)

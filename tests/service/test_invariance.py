@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from service.invariance import checked_probes, invariant_encoder, start_up_check
+from service.invariance import StartUpCheck, extra_probes, invariant_encoder
 
 SECRET = "a sentence that must never reach a log"
 
@@ -156,17 +156,18 @@ def test_the_worker_checks_an_encoder_in_fixed_shape_batches_over_every_pass_lay
     from tests.sentdp.test_encoders import FixedPasses, MovesAtFiveRows, layout
 
     planted = FixedPasses(8, layout(16, 4, 0))
-    found = start_up_check(planted)
+    found = StartUpCheck()(planted)
     assert found
     assert all("pass of 4 real rows at 0:" in line for line in found)
-    assert start_up_check(FixedPasses(8)) == []
-    assert start_up_check(MovesAtFiveRows())[0].startswith("probe 0, swept batch of 5")
+    assert StartUpCheck()(FixedPasses(8)) == []
+    assert StartUpCheck()(MovesAtFiveRows())[0].startswith("probe 0, swept batch of 5")
 
 
 @pytest.mark.parametrize("fixed", [True, False])
 def test_every_bucket_checks_the_buckets_the_probes_miss(fixed: bool) -> None:
     """SENTDP_CHECK_EVERY_BUCKET: a fault in a bucket no invariance probe lands in (128
-    characters here) passes the default check and fails the check of every bucket."""
+    characters here) passes the default check and fails the check of every bucket, which
+    records the buckets it covered."""
     from sentdp.encoders import INVARIANCE_PROBES
     from tests.sentdp.test_encoders import _CHAR_BUCKETS, FixedPasses, real_rows
 
@@ -174,10 +175,44 @@ def test_every_bucket_checks_the_buckets_the_probes_miss(fixed: bool) -> None:
         return length == 128 and real_rows(rows) >= 2
 
     assert 128 not in FixedPasses(8).buckets_of(INVARIANCE_PROBES)
-    assert start_up_check(FixedPasses(8, in_128, fixed)) == []
-    assert start_up_check(FixedPasses(8, in_128, fixed), every_bucket=True)
-    assert start_up_check(FixedPasses(8, fixed=fixed), every_bucket=True) == []
-    probes = checked_probes(FixedPasses(8), every_bucket=True)
-    assert (probes[0], probes[-1]) == (INVARIANCE_PROBES[0], INVARIANCE_PROBES[-1])
-    assert sorted(set(FixedPasses(8).buckets_of(probes))) == list(_CHAR_BUCKETS)
-    assert checked_probes(FixedPasses(8), every_bucket=False) == INVARIANCE_PROBES
+    assert StartUpCheck()(FixedPasses(8, in_128, fixed)) == []
+    assert StartUpCheck(every_bucket=True)(FixedPasses(8, in_128, fixed))
+    default, every = StartUpCheck(), StartUpCheck(every_bucket=True)
+    assert default(FixedPasses(8, fixed=fixed)) == every(FixedPasses(8, fixed=fixed)) == []
+    assert default.buckets == sorted(set(FixedPasses(8).buckets_of(INVARIANCE_PROBES)))
+    assert every.buckets == list(_CHAR_BUCKETS)
+    extra = extra_probes(FixedPasses(8))
+    assert sorted(FixedPasses(8).buckets_of(list(extra))) == [32, 128, 512]
+    assert FixedPasses(8).buckets_of([extra[0], extra[-1]]) == [32, 128]  # shortest two
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_every_bucket_keeps_the_default_check_as_it_is(fixed: bool) -> None:
+    """The probes of the other buckets are checked apart: every fault in the default
+    buckets that the default check finds, the check of every bucket finds too (mixed with
+    the default probes, they had thinned each bucket's batches)."""
+    from sentdp.encoders import INVARIANCE_PROBES
+    from tests.sentdp.test_encoders import FixedPasses, real_rows
+
+    rows = 8 if fixed else 32
+    found = 0
+    for bucket in sorted(set(FixedPasses(rows).buckets_of(INVARIANCE_PROBES))):
+        for real in range(2, rows + 1):
+
+            def fault(length: int, passed: list[list[int]], *_: int) -> bool:
+                return (length, real_rows(passed)) == (bucket, real)  # noqa: B023
+
+            if StartUpCheck()(FixedPasses(rows, fault, fixed)):
+                found += 1
+                assert StartUpCheck(every_bucket=True)(FixedPasses(rows, fault, fixed))
+    assert found >= 4 * (rows - 1) if fixed else found > 20
+
+
+def test_every_bucket_checks_each_layout_of_the_added_buckets_in_fixed_shape_passes() -> None:
+    from tests.sentdp.test_encoders import FixedPasses, layout
+
+    for bucket in (32, 128, 512):
+        for real in range(2, 9):
+            for position in range(real):
+                planted = FixedPasses(8, layout(bucket, real, position))
+                assert StartUpCheck(every_bucket=True)(planted), (bucket, real, position)
