@@ -45,14 +45,29 @@ class StartUpCheck:
 
         self.buckets = []
         rounds: list[tuple[tuple[str, ...], bool]] = [(INVARIANCE_PROBES, True)]
-        if self.every_bucket:
-            rounds.append((extra_probes(encoder), False))
+        extra = extra_probes(encoder) if self.every_bucket else ()
+        if extra:  # none where the invariance probes reach every bucket
+            rounds.append((extra, False))
         for probes, sweep in rounds:
             found = _violations(encoder, probes, sweep)
             if found:
                 return found
             self.buckets = sorted({*self.buckets, *encoder.buckets_of(list(probes))})
         return []
+
+    def report(self, max_tokens: int) -> tuple[int, dict[str, Any]]:
+        """The log level and fields of the buckets the last passing check covered and those
+        it did not, for an encoder of ``max_tokens``: a warning when every bucket was asked
+        for and one got no probe."""
+        from sentdp.encoders import length_buckets
+
+        unchecked = sorted(set(length_buckets(max_tokens)) - set(self.buckets))
+        level = logging.WARNING if self.every_bucket and unchecked else logging.INFO
+        return level, {
+            "buckets": self.buckets,
+            "unchecked": unchecked,
+            "every_bucket": self.every_bucket,
+        }
 
 
 def _violations(encoder: Any, probes: tuple[str, ...], sweep: bool) -> list[str]:

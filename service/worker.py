@@ -205,17 +205,8 @@ class Worker:
         self.encoder, mode = invariant_encoder(
             self.encoder, self._reopen, check, settings.cuda_graphs, use_deterministic_kernels
         )
-        from sentdp.encoders import length_buckets
-
-        unchecked = sorted(set(length_buckets(self.encoder.max_tokens)) - set(check.buckets))
-        level = logging.WARNING if check.every_bucket and unchecked else logging.INFO
-        logs.log_event(
-            "encoder_buckets_checked",
-            level,
-            buckets=check.buckets,
-            unchecked=unchecked,
-            every_bucket=check.every_bucket,
-        )
+        level, fields = check.report(self.encoder.max_tokens)
+        logs.log_event("encoder_buckets_checked", level, **fields)
         return mode
 
     def _reopen(self, device: str, cuda_graphs: bool) -> Any:

@@ -216,3 +216,22 @@ def test_every_bucket_checks_each_layout_of_the_added_buckets_in_fixed_shape_pas
             for position in range(real):
                 planted = FixedPasses(8, layout(bucket, real, position))
                 assert StartUpCheck(every_bucket=True)(planted), (bucket, real, position)
+
+
+def test_every_bucket_with_no_bucket_left_and_what_the_worker_logs() -> None:
+    from tests.sentdp.test_encoders import FixedPasses
+
+    short = FixedPasses(8, fixed=False)
+    short.max_tokens = 16  # the invariance probes fill both buckets: nothing more to check
+    every = StartUpCheck(every_bucket=True)
+    assert every(short) == []
+    assert every.report(short.max_tokens) == (
+        logging.INFO,
+        {"buckets": [8, 16], "unchecked": [], "every_bucket": True},
+    )
+    default = StartUpCheck()
+    assert default(FixedPasses(8)) == []
+    level, fields = default.report(512)
+    assert (level, fields["unchecked"]) == (logging.INFO, [24, 32, 48, 96, 128, 192, 384, 512])
+    every.buckets = [8, 16, 64]  # a bucket got no probe although every one was asked for
+    assert every.report(64)[0] == logging.WARNING
