@@ -551,7 +551,8 @@ def batch_invariance_violations(
         if size == batch_sizes[0]:
             layouts += sweep
         for name, order in layouts:
-            found += _moved(encoder, probes, alone, order, f"{name} batch of {len(order)}")
+            rows = encoder.encode([probes[index] for index in order])
+            found += _moved(order, rows, alone, f"{name} batch of {len(order)}")
             if found and first_only:
                 return found
     return found
@@ -592,7 +593,7 @@ def fixed_batch_violations(
     members: dict[int, list[int]] = defaultdict(list)
     for index, bucket in enumerate(encoder.buckets_of(probes)):
         members[bucket].append(index)
-    rows = encoder.batch_size
+    rows, smallest = encoder.batch_size, min(members)
 
     def several(group: list[int]) -> list[list[int]]:
         """A bucket's passes in the first call; only the last is not full."""
@@ -605,7 +606,7 @@ def fixed_batch_violations(
     def sweep(bucket: int, group: list[int], count: int) -> list[list[int]]:
         """A bucket's passes in the sweep's call of ``count`` probes."""
         partial = [group[p % len(group)] for p in range(count)]
-        if bucket == min(members):
+        if bucket == smallest:
             return [[group[p % len(group)] for p in range(rows)], partial]
         return [partial] if count > 1 else []
 
@@ -619,13 +620,8 @@ def fixed_batch_violations(
         embedded = encoder.encode([probes[index] for order in passes for index in order])
         at = 0
         for order in passes:
-            for position, index in enumerate(order):
-                row = embedded[at + position]
-                if not np.array_equal(row, alone[index]):
-                    delta = float(np.abs(row - alone[index]).max())
-                    found.append(
-                        f"probe {index}, pass of {len(order)} real rows at {position}: {delta:g}"
-                    )
+            mine = embedded[at : at + len(order)]
+            found += _moved(order, mine, alone, f"pass of {len(order)} real rows")
             at += len(order)
         if found and first_only:
             return found
@@ -633,15 +629,13 @@ def fixed_batch_violations(
 
 
 def _moved(
-    encoder: Encoder,
-    probes: Sequence[str],
-    alone: Sequence[npt.NDArray[np.float32]],
     order: list[int],
+    rows: npt.NDArray[np.float32],
+    alone: Sequence[npt.NDArray[np.float32]],
     name: str,
 ) -> list[str]:
-    """Encode the probes in ``order`` in one call; where a row differs from its probe alone
-    (probe indices and positions only, never text)."""
-    rows = encoder.encode([probes[index] for index in order])
+    """Where ``rows`` differ from their probes (``order``) encoded alone: probe indices and
+    positions only, never text."""
     found = []
     for position, (index, row) in enumerate(zip(order, rows, strict=True)):
         if not np.array_equal(row, alone[index]):

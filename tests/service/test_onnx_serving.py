@@ -63,7 +63,7 @@ def test_a_deployment_expecting_torch_refuses_the_int8_bundle(int8_tag, tmp_path
     assert refusal in log
 
 
-def test_a_worker_asked_to_checks_every_bucket_before_it_serves(int8_tag, tmp_path) -> None:
+def test_a_worker_asked_to_check_every_bucket_does_so_before_it_serves(int8_tag, tmp_path) -> None:
     server = serve(int8_tag, tmp_path, "onnx-int8", SENTDP_CHECK_EVERY_BUCKET="true")
     try:
         assert privatize(server, "onnx-user", 2.0, TENANTS[0].key).status_code == 200
