@@ -1,25 +1,49 @@
 """Cold start and peak memory of the whole server, per bundle, without the full benchmark.
 
-Run: ``.venv/bin/python loadtests/cold_start.py TAG [TAG ...] [--documents N --concurrency C]``
+Run: ``.venv/bin/python loadtests/cold_start.py TAG [TAG ...] [--documents N --concurrency C]
+[--server-env 'VAR=VALUE ...' ...]``
 
-For each bundle: launch ``bentoml serve`` (the default gateway processes: one on 2 cores; one
-worker), time launch to the first /readyz 200, send BBC News test documents (16 at
-concurrency 4 by default; 160 at 32 is the full load of ``bench_service.py``), and print the
-cold start, the worker's encoder mode, the sentences/s and the peak resident memory of all
-server processes (sampled every 0.5 s). Settings come from the environment, e.g.
-``SENTDP_ENCODE_BATCH_SIZE``.
+For each bundle (and each ``--server-env`` setting, alternating): launch ``bentoml serve``
+(the default gateway processes: one on 2 cores; one worker), time launch to the first
+/readyz 200, send one BBC News test document alone at once (the first request's latency),
+then BBC News test documents (16 at concurrency 4 by default; 160 at 32 is the full load of
+``bench_service.py``), and print the cold start, the worker's encoder mode, the first
+request's seconds, the sentences/s, the peak resident memory of all server processes
+(sampled every 0.5 s), and the checks of the buckets the start-up probes miss that the
+worker ran after it was ready (``encoder_bucket_checked``): how many, their seconds, and
+when the last ended, counted from readiness. Other settings come from the environment,
+e.g. ``SENTDP_ENCODE_BATCH_SIZE``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadtests.bench_service import RssSampler, encoder_mode, load, load_documents, serve
+from tests.support import Server
+
+
+def later_checks(server: Server, ready: float) -> str:
+    """The buckets the worker checked after start-up (its log), their seconds, and when the
+    last check ended, in seconds after ``ready`` (Unix time)."""
+    lines = server.log.read_text(errors="replace").splitlines() if server.log else []
+    events = [json.loads(line) for line in lines if "encoder_bucket_checked" in line]
+    events = [e for e in events if e.get("event") == "encoder_bucket_checked"]
+    if not events:
+        return "no bucket checked after start-up"
+    ended = datetime.fromisoformat(events[-1]["time"].replace("Z", "+00:00")).timestamp()
+    spent = sum(float(e["seconds"]) for e in events)
+    return (
+        f"{len(events)} buckets checked after start-up in {spent:.2f} s, the last ending "
+        f"{ended - ready:.1f} s after ready"
+    )
 
 
 def main() -> None:
@@ -27,27 +51,43 @@ def main() -> None:
     parser.add_argument("models", nargs="+", help="bundle tags, served one after another")
     parser.add_argument("--documents", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--server-env",
+        nargs="+",
+        default=[""],
+        help="settings of the server, one string per server ('' for none)",
+    )
     args = parser.parse_args()
-    documents = load_documents(args.documents, seed=1)
+    documents = load_documents(args.documents + 1, seed=1)
+    first, documents = documents[:1], documents[1:]
     for model in args.models:
-        with tempfile.TemporaryDirectory(prefix="sentdp-cold-") as scratch:
-            server = serve(model, Path(scratch), batching=True)
-            sampler = RssSampler(server)
-            sampler.start()
-            try:
-                result = load(server, documents, args.concurrency)
-                time.sleep(1)
-            finally:
-                sampler.running = False
-                sampler.join()
-                server.stop()
-            print(
-                f"{model}: cold start {server.cold_start_seconds:.1f} s, encoder mode "
-                f"{encoder_mode(server)}, {args.documents} documents at concurrency "
-                f"{args.concurrency}: {result['sentences_per_s']:.1f} sentences/s, "
-                f"{result['failures']} failed, peak RSS {sampler.peak / 2**20:.0f} MiB",
-                flush=True,
-            )
+        for setting in args.server_env:
+            extra = dict(pair.split("=", 1) for pair in setting.split())
+            with tempfile.TemporaryDirectory(prefix="sentdp-cold-") as scratch:
+                server = serve(model, Path(scratch), batching=True, extra=extra)
+                ready = time.time()
+                sampler = RssSampler(server)
+                sampler.start()
+                try:
+                    started = time.perf_counter()
+                    alone = load(server, first, 1)
+                    first_seconds = time.perf_counter() - started
+                    result = load(server, documents, args.concurrency)
+                    time.sleep(1)
+                finally:
+                    sampler.running = False
+                    sampler.join()
+                    server.stop()
+                print(
+                    f"{model}{' ' + setting if setting else ''}: cold start "
+                    f"{server.cold_start_seconds:.1f} s, encoder mode {encoder_mode(server)}, "
+                    f"first request {first_seconds:.2f} s ({alone['failures']} failed), "
+                    f"{args.documents} documents at concurrency {args.concurrency}: "
+                    f"{result['sentences_per_s']:.1f} sentences/s, {result['failures']} "
+                    f"failed, peak RSS {sampler.peak / 2**20:.0f} MiB; "
+                    f"{later_checks(server, ready)}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

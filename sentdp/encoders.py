@@ -558,6 +558,30 @@ def batch_invariance_violations(
     return found
 
 
+def copies_violations(
+    encoder: Encoder,
+    probe: str,
+    beside: str,
+    counts: Sequence[int] | None = None,
+    first_only: bool = False,
+) -> list[str]:
+    """Where ``probe`` moves in calls of ``count`` copies of it beside one ``beside`` (a
+    sentence of another bucket: two buckets' passes in every call), against the probe
+    alone. The check of one bucket in plain buckets, lean where a row is costly (a bucket of
+    256 tokens): its passes get the row counts in ``counts``, by default 1, 2, 3, 8, and a
+    full pass then one more row in one call (``batch_size`` + 1): some 50 rows at 32 rows a
+    pass, where the mixed-batch check builds about 200. With ``first_only``, stop after the
+    first call that moves a row."""
+    alone = encoder.encode([probe])[0]
+    found: list[str] = []
+    for count in counts or (1, 2, 3, 8, encoder.batch_size + 1):
+        rows = encoder.encode([probe] * count + [beside])[:count]
+        found += _moved([0] * count, rows, [alone], f"batch of {count} copies")
+        if found and first_only:
+            return found
+    return found
+
+
 def fixed_batch_violations(
     encoder: Encoder, probes: Sequence[str] = INVARIANCE_PROBES, first_only: bool = False
 ) -> list[str]:

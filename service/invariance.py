@@ -12,7 +12,9 @@ CPU. The log says which mode serves; failures are logged by exception type only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from service import logs
@@ -25,16 +27,14 @@ Reopen = Callable[[str, bool], Any]
 
 class StartUpCheck:
     """The check on an encoder as it will serve (where a probe moved, no text); it stops at
-    the first batch that moves a probe, and records the buckets its probes covered.
+    the first batch that moves a probe, and records the buckets it covered.
 
     In fixed-shape batches, every count of real rows and position of a pass in the probes'
     buckets, several passes of a bucket in one call
     (:func:`~sentdp.encoders.fixed_batch_violations`); else mixed batches of several sizes,
     with every row count a pass can have swept in one bucket. With ``every_bucket``, then
-    the same on a public probe filling each bucket the invariance probes miss
-    (:func:`extra_probes`), apart, so that the first check stays exactly as it is; in plain
-    buckets without the sweep, whose row counts in buckets of up to 256 tokens would cost
-    seconds more."""
+    each bucket the invariance probes miss, apart, as :class:`LaterChecks` checks it after
+    start-up otherwise (so the first check stays exactly as it is)."""
 
     def __init__(self, every_bucket: bool = False) -> None:
         self.every_bucket = every_bucket
@@ -44,15 +44,16 @@ class StartUpCheck:
         from sentdp.encoders import INVARIANCE_PROBES
 
         self.buckets = []
-        rounds: list[tuple[tuple[str, ...], bool]] = [(INVARIANCE_PROBES, True)]
-        extra = extra_probes(encoder) if self.every_bucket else ()
-        if extra:  # none where the invariance probes reach every bucket
-            rounds.append((extra, False))
-        for probes, sweep in rounds:
-            found = _violations(encoder, probes, sweep)
-            if found:
-                return found
-            self.buckets = sorted({*self.buckets, *encoder.buckets_of(list(probes))})
+        found = _violations(encoder, INVARIANCE_PROBES, sweep=True)
+        if found:
+            return found
+        self.buckets = sorted(set(encoder.buckets_of(list(INVARIANCE_PROBES))))
+        if self.every_bucket:
+            later = LaterChecks(encoder, self.buckets)
+            moved = later.check(encoder, encoder.max_tokens)
+            if moved:
+                return moved
+            self.buckets = sorted({*self.buckets, *later.checked})
         return []
 
     def report(self, max_tokens: int) -> tuple[int, dict[str, Any]]:
@@ -70,6 +71,72 @@ class StartUpCheck:
         }
 
 
+class LaterChecks:
+    """The length buckets the start-up check's probes did not reach, each checked on a public
+    probe that fills it (:func:`sentdp.encoders.bucket_probes`), beside the shortest
+    invariance probe, in the encoder's mode (:func:`bucket_violations`), smallest bucket
+    first.
+
+    The worker checks them one per turn at its gate as soon as it is ready and, before it
+    encodes a batch, every bucket still pending up to the largest one the batch's sentences
+    land in, so no sentence is encoded in a bucket that has not passed. Which buckets are
+    checked, in what order, and with what outcome depend on public probes only; a batch's
+    sentences decide only how soon."""
+
+    def __init__(self, encoder: Any, covered: Sequence[int]) -> None:
+        from sentdp.encoders import bucket_probes
+
+        probes = bucket_probes(encoder)
+        self._probes = {b: probes[b] for b in sorted(probes) if b not in set(covered)}
+        self.checked: list[int] = []
+        """The buckets that passed, in the order checked."""
+        self._lock = threading.Lock()  # pending() is read by the worker's checking thread
+
+    def pending(self) -> list[int]:
+        """The buckets not checked yet, smallest first."""
+        with self._lock:
+            return list(self._probes)
+
+    def needed(self, encoder: Any, sentences: Sequence[str]) -> int | None:
+        """The largest pending bucket one of ``sentences`` lands in, or None (they are
+        tokenized only while a bucket is pending)."""
+        pending = self.pending()
+        if not pending or not sentences:
+            return None
+        return max(set(encoder.buckets_of(list(sentences))) & set(pending), default=None)
+
+    def check(self, encoder: Any, through: int) -> list[str]:
+        """Check each pending bucket up to ``through``, smallest first, and stop at the first
+        where a probe moves (it stays pending): where it moved, empty when all passed."""
+        for bucket in self.pending():
+            if bucket > through:
+                break
+            started = time.perf_counter()
+            found = bucket_violations(encoder, self._probes[bucket])
+            if found:
+                return [f"bucket {bucket}: {line}" for line in found]
+            with self._lock:
+                del self._probes[bucket]
+                self.checked.append(bucket)
+            seconds = round(time.perf_counter() - started, 3)
+            logs.log_event("encoder_bucket_checked", logging.INFO, bucket=bucket, seconds=seconds)
+        return []
+
+
+def bucket_violations(encoder: Any, probe: str) -> list[str]:
+    """Where ``probe`` (filling one bucket) moves in calls beside the shortest invariance
+    probe, stopping at the first that moves it: in fixed-shape passes every count of real
+    rows and position of a pass (:func:`~sentdp.encoders.fixed_batch_violations`), else
+    copies at several row counts (:func:`~sentdp.encoders.copies_violations`: the mixed-batch
+    check's layouts cost 4-5 times as much in a bucket of 256 tokens, measured)."""
+    from sentdp.encoders import INVARIANCE_PROBES, copies_violations, fixed_batch_violations
+
+    short = INVARIANCE_PROBES[0]
+    if encoder.fixed_batch:
+        return fixed_batch_violations(encoder, (short, probe), first_only=True)
+    return copies_violations(encoder, probe, short, first_only=True)
+
+
 def _violations(encoder: Any, probes: tuple[str, ...], sweep: bool) -> list[str]:
     from sentdp.encoders import batch_invariance_violations, fixed_batch_violations
 
@@ -79,31 +146,22 @@ def _violations(encoder: Any, probes: tuple[str, ...], sweep: bool) -> list[str]
     return batch_invariance_violations(encoder, probes, sweep_rows=rows, first_only=True)
 
 
-def extra_probes(encoder: Any) -> tuple[str, ...]:
-    """A public probe for each bucket the invariance probes miss, the two shortest first and
-    last: the mixed-batch check builds batches of copies of those two."""
-    from sentdp.encoders import INVARIANCE_PROBES, bucket_probes
-
-    reached = set(encoder.buckets_of(list(INVARIANCE_PROBES)))
-    extra = [probe for bucket, probe in bucket_probes(encoder).items() if bucket not in reached]
-    if len(extra) > 2:
-        extra = [extra[0], *extra[2:], extra[1]]
-    return tuple(extra)
-
-
 def invariant_encoder(
     encoder: Any,
     reopen: Reopen,
     check: Check,
     cuda_graphs: bool,
     deterministic: Callable[[], None],
+    rejected: bool = False,
 ) -> tuple[Any, str]:
     """The encoder to serve with and its mode (``cpu``, ``cuda``, ``cpu-fixed-batch``,
-    ``cuda-fixed-batch`` or ``cpu-fallback``); raises when every mode moves a probe."""
+    ``cuda-fixed-batch`` or ``cpu-fallback``); raises when every mode moves a probe. With
+    ``rejected``, ``encoder`` already failed a check (a later bucket's): only the
+    fixed-shape modes are tried, afresh, even when ``encoder`` is in one."""
     device = str(encoder.device)
     cuda = device.startswith("cuda")
     kind = "cuda" if cuda else "cpu"
-    if not check(encoder):
+    if not rejected and not check(encoder):
         return _serving(encoder, device, kind)
     tries = [(device, True), (device, False)] if cuda and cuda_graphs else [(device, False)]
     if cuda:

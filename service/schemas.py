@@ -310,6 +310,8 @@ class WorkResult(BaseModel):
 
 LATE_ERROR = "not started before its deadline"
 """A refused item's error when its request could not start in time (nothing drawn)."""
+CLOSED_ERROR = "this worker's encoder failed its batch-invariance check; it refuses to serve"
+"""A refused item's error once no encoder mode passed a later check of a length bucket."""
 BACKLOG_ERROR = "not started before its deadline, behind this tenant's earlier requests"
 """The same, when the tenant's own earlier requests held the worker for at least half of its
 wait: the gateway answers 429 (the tenant sends faster than it is served), not 503."""

@@ -29,11 +29,12 @@ from bentoml.validators import ContentType
 from sentdp.mean_selection import MeanCandidate
 from sentdp.mechanism import DeepCandidate
 from service import logs
-from service.invariance import StartUpCheck, invariant_encoder
+from service.invariance import LaterChecks, StartUpCheck, invariant_encoder
 from service.metrics import metric
 from service.scheduling import BATCH_KEY, ComputeThread, FairGate
 from service.schemas import (
     BACKLOG_ERROR,
+    CLOSED_ERROR,
     LATE_ERROR,
     WorkItem,
     WorkReply,
@@ -50,6 +51,11 @@ LATE = WorkResult(sampled=False, error=LATE_ERROR)
 """The answer for an item whose request's deadline passed before its turn (nothing drawn)."""
 BACKLOG = WorkResult(sampled=False, error=BACKLOG_ERROR)
 """The same, for a tenant's own large request that waited behind the tenant's earlier ones."""
+CLOSED = WorkResult(sampled=False, error=CLOSED_ERROR)
+"""The answer for every item once no encoder mode passes a later bucket check (nothing drawn)."""
+LATER_KEY = ("bucket-checks",)
+"""The gate key of the checks of the buckets the start-up probes miss (a tuple: no tenant id,
+whatever the operator names it, can share it)."""
 REPLIES = Annotated[list[WorkReply], ContentType("application/json")]
 """The worker's answer type. The media type is stated because BentoML otherwise derives it
 from the list's JSON schema on every response (a third of the worker event loop's busy
@@ -144,7 +150,16 @@ class Worker:
             logs.log_event("fault_marker_set_tests_only", logging.WARNING)
         self.gate = FairGate()
         self.compute = ComputeThread()  # torch's start-up and every computation: one team
+        self.closed = False
+        """No encoder mode passed a bucket's check after start-up: every item is refused."""
         self.compute.run(self._open_encoder, settings)
+        checks = threading.Thread(target=self._check_buckets, name="sentdp-bucket-checks")
+        checks.daemon = True
+        checks.start()
+
+    def __is_ready__(self) -> bool:
+        """Not ready once the worker refuses to serve (the gateway's /readyz follows)."""
+        return not self.closed
 
     def _open_encoder(self, settings: ServiceSettings) -> None:
         """Load G, check that batching cannot move an embedding, build the mechanisms (on
@@ -167,7 +182,7 @@ class Worker:
             onnx_threading=settings.encoder_threading,
         )
         self.bundle.check_opened_encoder(self.encoder)
-        self.encoder_mode = self._batch_invariant_encoder()
+        self.encoder_mode = self._batch_invariant_encoder(settings.check_every_bucket)
         depth_device = self.encoder.device if self.encoder.device.startswith("cuda") else None
         self.mechanisms = {
             name: v.mechanism(device=depth_device) for name, v in self.variants.items()
@@ -195,19 +210,75 @@ class Worker:
         key = ("tenant", *tenants) if len(tenants) == 1 else BATCH_KEY
         return self._run(requests, key)
 
-    def _batch_invariant_encoder(self) -> str:
+    def _batch_invariant_encoder(self, every_bucket: bool, rejected: bool = False) -> str:
         """Serve in a mode where batching cannot move an embedding (:mod:`service.invariance`:
-        the encoder as opened, else fixed-shape batches, else for CUDA the CPU); the mode."""
+        the encoder as opened unless ``rejected``, else fixed-shape batches, else for CUDA
+        the CPU), with the buckets the check's probes missed left to :attr:`later`; the
+        mode."""
         from sentdp.encoders import use_deterministic_kernels
 
         settings = load_settings()
-        check = StartUpCheck(settings.check_every_bucket)
+        check = StartUpCheck(every_bucket)
         self.encoder, mode = invariant_encoder(
-            self.encoder, self._reopen, check, settings.cuda_graphs, use_deterministic_kernels
+            self.encoder,
+            self._reopen,
+            check,
+            settings.cuda_graphs,
+            use_deterministic_kernels,
+            rejected,
         )
+        self.later = LaterChecks(self.encoder, check.buckets)
         level, fields = check.report(self.encoder.max_tokens)
-        logs.log_event("encoder_buckets_checked", level, **fields)
+        logs.log_event("encoder_buckets_checked", level, **fields, later=self.later.pending())
         return mode
+
+    def _check_buckets(self) -> None:
+        """Check the buckets left to :attr:`later`, smallest first, one per turn at the gate,
+        until none is left or the worker refuses to serve (its own thread)."""
+        while not self.closed and (pending := self.later.pending()):
+            with self.gate.turn(LATER_KEY):
+                self.compute.run(self._check_later, pending[0])
+
+    def _check_later(self, through: int) -> None:
+        """Check the buckets still pending up to ``through`` (on the compute thread, the gate
+        held). Where a probe moves, choose the mode again, this time with every bucket
+        checked (:mod:`service.invariance`); where none passes, or a check cannot run, refuse
+        to serve from then on: :attr:`closed`, and the worker's /readyz says not ready."""
+        if self.closed:
+            return
+        try:
+            moved = self.later.check(self.encoder, through)
+            if not moved:
+                return
+            logs.log_event(
+                "encoder_bucket_moved", logging.WARNING, mode=self.encoder_mode, where=moved[0]
+            )
+            self.encoder_mode = self._batch_invariant_encoder(every_bucket=True, rejected=True)
+        except Exception as error:  # its type only: the handlers drop messages
+            self.closed = True
+            logs.log_event("worker_refusing_to_serve", logging.ERROR, error=type(error).__name__)
+
+    def _checked_buckets(
+        self, live: list[tuple[int, int, WorkItem]], replies: list[list[WorkResult]]
+    ) -> list[tuple[int, int, WorkItem]]:
+        """Before a batch is encoded: check every pending bucket up to the largest its
+        sentences land in (all of them if they cannot be tokenized; encoding would then fail
+        too, and its items be refunded). The items to encode: none, each answered
+        :data:`CLOSED`, once the worker refuses to serve."""
+        if live and not self.closed and (pending := self.later.pending()):
+            try:
+                needed = self.later.needed(
+                    self.encoder, [s for _, _, item in live for s in item.sentences]
+                )
+            except Exception:
+                needed = pending[-1]
+            if needed is not None:
+                self._check_later(needed)
+        if not self.closed:
+            return live
+        for r, i, _ in live:
+            replies[r][i] = CLOSED
+        return []
 
     def _reopen(self, device: str, cuda_graphs: bool) -> Any:
         """The bundle's encoder again, on ``device``, in fixed-shape batches (small ones on
@@ -263,6 +334,7 @@ class Worker:
                     replies[r][i] = WorkResult(sampled=False, error=refused)
                 else:
                     live.append((r, i, item))
+        live = self._checked_buckets(live, replies)
         metric("batch_documents").observe(len(live))
         plans = self._plans([item for _, _, item in live], [requests[r].tenant for r, _, _ in live])
         ready = [(r, i, item, plan) for (r, i, item), plan in zip(live, plans, strict=True)]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,15 +14,23 @@ from sentdp.encoders import (
     MLP_BLOCK_ROWS,
     SentenceEncoder,
     batch_invariance_violations,
-    bucket_of,
     bucket_probes,
-    encode_in_buckets,
+    copies_violations,
     encode_once,
     fixed_batch_violations,
     length_buckets,
     recode,
 )
 from sentdp.errors import InputError
+from tests.sentdp.fake_encoders import (
+    CHAR_BUCKETS,
+    FILLER,
+    Fault,
+    FixedPasses,
+    MovesAtFiveRows,
+    layout,
+    real_rows,
+)
 
 TARGET = "The central bank raised interest rates by a quarter of a point on Thursday."
 SHORTER = ["Hi.", "Rates rose.", "It rained in Leeds today."]
@@ -197,16 +203,6 @@ def test_each_owner_s_repeated_sentence_is_encoded_once_and_bit_identically(enco
     assert encode_once(Spy(), []).shape == (0, encoder.dim)  # type: ignore[arg-type]
 
 
-class MovesAtFiveRows:
-    """An encoder whose kernels change at one row count only, as ONNX Runtime's pooling did."""
-
-    device, dim, max_tokens, batch_size, fixed_batch = "cpu", 4, 16, 8, False
-
-    def encode(self, sentences):  # type: ignore[no-untyped-def]
-        out = np.array([[len(s), s.count("e"), 1.0, 2.0] for s in sentences], dtype=np.float32)
-        return out + np.float32(1e-6) if len(sentences) == 5 else out
-
-
 def test_the_start_up_check_sweeps_every_row_count_a_pass_can_have() -> None:
     encoder = MovesAtFiveRows()
     assert batch_invariance_violations(encoder) == []  # 2, 3, 8, 33 and 64 rows miss it
@@ -284,61 +280,6 @@ def test_graphed_passes_refuse_a_caller_on_another_stream(encoder) -> None:
     queued = SentenceEncoder(encoder.path, "cuda", batch_size=4, fixed_batch=True)
     with torch.cuda.stream(torch.cuda.Stream()), pytest.raises(InternalError, match="stream"):
         queued.encode([TARGET])
-
-
-_CHAR_BUCKETS = (8, 16, 32, 64, 128, 256, 512)
-_FILLER = [ord(".")]
-
-Fault = Callable[[int, list[list[int]], int, int, int], bool]
-"""Whether a pass moves its row at a position: (bucket, the pass's rows, position, how many
-passes of that bucket and how many of any bucket came before it in the same call)."""
-
-
-def layout(bucket: int, real: int, position: int) -> Fault:
-    """A kernel whose micro-tiles end at ``position`` when a pass holds ``real`` real rows."""
-    return lambda length, rows, at, _, __: (length, real_rows(rows), at) == (bucket, real, position)
-
-
-def real_rows(rows: list[list[int]]) -> int:
-    return sum(row != _FILLER for row in rows)
-
-
-class FixedPasses:
-    """An encoder in fixed-shape batches (or, with ``fixed=False``, plain buckets) whose tokens
-    are characters (at most 512), run through sentdp's own passes
-    (:func:`encode_in_buckets`), with a planted fault that moves a row by 1e-6."""
-
-    device, dim, max_tokens = "cpu", 3, 512
-
-    def __init__(self, rows: int, fault: Fault | None = None, fixed: bool = True) -> None:
-        self.batch_size, self.fault, self.passes, self.fixed_batch = rows, fault, 0, fixed
-        self._before: Counter[int] = Counter()
-        self._earlier = 0
-
-    def _ids(self, sentences):  # type: ignore[no-untyped-def]
-        return [[ord(c) for c in s][: self.max_tokens] for s in sentences]
-
-    def buckets_of(self, sentences):  # type: ignore[no-untyped-def]
-        return [bucket_of(len(ids), _CHAR_BUCKETS) for ids in self._ids(sentences)]
-
-    def encode(self, sentences):  # type: ignore[no-untyped-def]
-        out = np.empty((len(sentences), self.dim), dtype=np.float32)
-        ids = self._ids(sentences)
-        self._before, self._earlier = Counter(), 0
-        filler = _FILLER if self.fixed_batch else None
-        return encode_in_buckets(ids, _CHAR_BUCKETS, self.batch_size, filler, self._run, out)
-
-    def _run(self, rows, length):  # type: ignore[no-untyped-def]
-        self.passes += 1
-        assert len(rows) == self.batch_size or not self.fixed_batch  # fixed: every pass full
-        out = np.array([[sum(r) % 97 / 97, len(r) / 512, r[0] / 128] for r in rows], np.float32)
-        for at in range(len(rows)):
-            before = self._before[length]
-            if self.fault is not None and self.fault(length, rows, at, before, self._earlier):
-                out[at] += np.float32(1e-6)
-        self._before[length] += 1
-        self._earlier += 1
-        return out
 
 
 def test_the_fixed_batch_check_catches_a_fault_at_every_layout_a_pass_can_have() -> None:
@@ -424,7 +365,7 @@ def test_the_fixed_batch_check_puts_each_probe_at_each_position(rows: int) -> No
     for probe, position in itertools.product(range(3), range(rows)):
 
         def there(_: int, passed: list[list[int]], at: int, *__: int) -> bool:
-            others = [row for row in passed if row not in (_FILLER, ids[probe])]  # noqa: B023
+            others = [row for row in passed if row not in (FILLER, ids[probe])]  # noqa: B023
             return at == position and passed[at] == ids[probe] and bool(others)  # noqa: B023
 
         assert fixed_batch_violations(FixedPasses(rows, there), probes), (probe, position)
@@ -451,9 +392,38 @@ def test_bucket_probes_fill_every_bucket_with_public_words(encoder) -> None:
 def test_bucket_probes_fill_buckets_that_no_run_of_words_lands_in() -> None:
     fake = FixedPasses(8)  # a token per character: a word of 12 skips the bucket of 8
     probes = bucket_probes(fake, words=["abcdefghijkl"])
-    assert list(probes) == list(_CHAR_BUCKETS)
-    assert fake.buckets_of(list(probes.values())) == list(_CHAR_BUCKETS)
+    assert list(probes) == list(CHAR_BUCKETS)
+    assert fake.buckets_of(list(probes.values())) == list(CHAR_BUCKETS)
     assert set(probes[8]) <= {".", " "}
+
+
+def test_the_check_of_copies_builds_each_row_count_and_calls_of_two_buckets() -> None:
+    """The lean check of one bucket in plain buckets: passes of 2, 3, 8 and a full 32 rows,
+    a row after a full pass in one call, and another bucket's pass in every call."""
+    probe = "x" * 100  # the bucket of 128 characters
+
+    def rows_of(count: int) -> Fault:
+        return lambda length, rows, *_: length == 128 and len(rows) == count
+
+    plain = FixedPasses(32, fixed=False)
+    assert copies_violations(plain, probe, "Short.") == []
+    for count in (2, 3, 8, 32):
+        found = copies_violations(FixedPasses(32, rows_of(count), False), probe, "Short.")
+        assert found, count
+        assert all(line.startswith("probe 0, batch of ") for line in found)
+    assert copies_violations(FixedPasses(32, rows_of(5), False), probe, "Short.") == []
+    assert copies_violations(FixedPasses(8, rows_of(8), False), probe, "Short.", [9])
+
+    def after_full(length: int, rows: list[list[int]], _: int, before: int, __: int) -> bool:
+        return length == 128 and before >= 1
+
+    def beside_another(length: int, rows: list[list[int]], _: int, before: int, earlier: int):  # type: ignore[no-untyped-def]
+        return length == 128 and earlier > before
+
+    assert copies_violations(FixedPasses(32, after_full, False), probe, "Short.")
+    assert copies_violations(FixedPasses(32, beside_another, False), probe, "Short.")
+    moved = FixedPasses(32, rows_of(2), False)
+    assert len(copies_violations(moved, probe, "Short.", [2, 2], first_only=True)) == 2
 
 
 def test_the_fixed_batch_check_refuses_an_encoder_in_plain_buckets(encoder) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from service.invariance import StartUpCheck, extra_probes, invariant_encoder
+from service.invariance import LaterChecks, StartUpCheck, bucket_violations, invariant_encoder
 
 SECRET = "a sentence that must never reach a log"
 
@@ -153,7 +153,7 @@ def test_only_a_fallback_to_the_cpu_is_logged_as_a_warning(
 def test_the_worker_checks_an_encoder_in_fixed_shape_batches_over_every_pass_layout() -> None:
     """The worker's check of a fixed-shape encoder builds the layouts the mixed-batch check
     never does (here: four real rows of bucket 16), and a plain encoder still gets the sweep."""
-    from tests.sentdp.test_encoders import FixedPasses, MovesAtFiveRows, layout
+    from tests.sentdp.fake_encoders import FixedPasses, MovesAtFiveRows, layout
 
     planted = FixedPasses(8, layout(16, 4, 0))
     found = StartUpCheck()(planted)
@@ -169,7 +169,7 @@ def test_every_bucket_checks_the_buckets_the_probes_miss(fixed: bool) -> None:
     characters here) passes the default check and fails the check of every bucket, which
     records the buckets it covered."""
     from sentdp.encoders import INVARIANCE_PROBES
-    from tests.sentdp.test_encoders import _CHAR_BUCKETS, FixedPasses, real_rows
+    from tests.sentdp.fake_encoders import CHAR_BUCKETS, FixedPasses, real_rows
 
     def in_128(length: int, rows: list[list[int]], *_: int) -> bool:
         return length == 128 and real_rows(rows) >= 2
@@ -180,10 +180,7 @@ def test_every_bucket_checks_the_buckets_the_probes_miss(fixed: bool) -> None:
     default, every = StartUpCheck(), StartUpCheck(every_bucket=True)
     assert default(FixedPasses(8, fixed=fixed)) == every(FixedPasses(8, fixed=fixed)) == []
     assert default.buckets == sorted(set(FixedPasses(8).buckets_of(INVARIANCE_PROBES)))
-    assert every.buckets == list(_CHAR_BUCKETS)
-    extra = extra_probes(FixedPasses(8))
-    assert sorted(FixedPasses(8).buckets_of(list(extra))) == [32, 128, 512]
-    assert FixedPasses(8).buckets_of([extra[0], extra[-1]]) == [32, 128]  # shortest two
+    assert every.buckets == list(CHAR_BUCKETS)
 
 
 @pytest.mark.parametrize("fixed", [True, False])
@@ -192,7 +189,7 @@ def test_every_bucket_keeps_the_default_check_as_it_is(fixed: bool) -> None:
     buckets that the default check finds, the check of every bucket finds too (mixed with
     the default probes, they had thinned each bucket's batches)."""
     from sentdp.encoders import INVARIANCE_PROBES
-    from tests.sentdp.test_encoders import FixedPasses, real_rows
+    from tests.sentdp.fake_encoders import FixedPasses, real_rows
 
     rows = 8 if fixed else 32
     found = 0
@@ -209,7 +206,7 @@ def test_every_bucket_keeps_the_default_check_as_it_is(fixed: bool) -> None:
 
 
 def test_every_bucket_checks_each_layout_of_the_added_buckets_in_fixed_shape_passes() -> None:
-    from tests.sentdp.test_encoders import FixedPasses, layout
+    from tests.sentdp.fake_encoders import FixedPasses, layout
 
     for bucket in (32, 128, 512):
         for real in range(2, 9):
@@ -219,7 +216,7 @@ def test_every_bucket_checks_each_layout_of_the_added_buckets_in_fixed_shape_pas
 
 
 def test_every_bucket_with_no_bucket_left_and_what_the_worker_logs() -> None:
-    from tests.sentdp.test_encoders import FixedPasses
+    from tests.sentdp.fake_encoders import FixedPasses
 
     short = FixedPasses(8, fixed=False)
     short.max_tokens = 16  # the invariance probes fill both buckets: nothing more to check
@@ -235,3 +232,78 @@ def test_every_bucket_with_no_bucket_left_and_what_the_worker_logs() -> None:
     assert (level, fields["unchecked"]) == (logging.INFO, [24, 32, 48, 96, 128, 192, 384, 512])
     every.buckets = [8, 16, 64]  # a bucket got no probe although every one was asked for
     assert every.report(64)[0] == logging.WARNING
+
+
+def test_a_rejected_encoder_goes_straight_to_fixed_shape_passes_even_if_it_is_in_them() -> None:
+    """After a later bucket check moved a probe, the mode is chosen again without the
+    encoder that failed, whichever mode it was in."""
+    for first in (FakeEncoder("cpu"), FakeEncoder("cpu", fixed=True)):
+        opener = Opener({})
+        encoder, mode = invariant_encoder(first, opener, check, True, lambda: None, rejected=True)
+        assert (mode, opener.calls) == ("cpu-fixed-batch", [("cpu", False)])
+        assert encoder is not first
+    opener = Opener({("cpu", False): "moves"})
+    with pytest.raises(RuntimeError, match="refusing to serve"):
+        invariant_encoder(FakeEncoder("cpu"), opener, check, True, lambda: None, rejected=True)
+
+
+def _in_bucket(bucket: int):  # type: ignore[no-untyped-def]
+    from tests.sentdp.fake_encoders import real_rows
+
+    return lambda length, rows, *_: length == bucket and real_rows(rows) >= 2
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_later_checks_find_a_fault_in_a_bucket_the_start_up_probes_miss(fixed: bool) -> None:
+    """The buckets the default check's probes miss are left to later checks, smallest first;
+    a fault in one is found there, and the bucket stays pending."""
+    from tests.sentdp.fake_encoders import FixedPasses
+
+    planted = FixedPasses(8, _in_bucket(128), fixed)
+    start = StartUpCheck()
+    assert start(planted) == []  # the default check misses it
+    later = LaterChecks(planted, start.buckets)
+    assert later.pending() == [32, 128, 512]
+    assert later.check(planted, 64) == []  # 32 only: it passes
+    assert (later.pending(), later.checked) == ([128, 512], [32])
+    found = later.check(planted, 512)
+    assert found
+    assert all(line.startswith("bucket 128: probe ") for line in found)  # no text
+    assert later.pending() == [128, 512]
+    clean = FixedPasses(8, fixed=fixed)
+    assert later.check(clean, 512) == []
+    assert (later.pending(), later.checked) == ([], [32, 128, 512])
+
+
+def test_a_batch_needs_the_largest_pending_bucket_its_sentences_land_in() -> None:
+    from tests.sentdp.fake_encoders import FixedPasses
+
+    encoder = FixedPasses(8)
+    later = LaterChecks(encoder, [8, 16, 64, 256])
+    assert later.needed(encoder, ["a" * 20, "b" * 100, "c" * 60]) == 128
+    assert later.needed(encoder, ["a" * 20, "b" * 5]) == 32
+    assert later.needed(encoder, ["short", "b" * 60, "c" * 250]) is None  # all covered
+    assert later.needed(encoder, []) is None
+    later.check(encoder, 128)
+    assert later.needed(encoder, ["a" * 20, "b" * 100]) is None
+    assert LaterChecks(encoder, list(range(8, 513))).needed(encoder, ["a" * 500]) is None
+
+
+def test_later_checks_cover_every_layout_of_their_buckets_in_fixed_shape_passes() -> None:
+    """The check of one bucket in fixed-shape passes: every count of real rows and position,
+    in the bucket's first pass of a call and after a full one."""
+    from sentdp.encoders import bucket_probes
+    from tests.sentdp.fake_encoders import FixedPasses, layout, real_rows
+
+    probes = bucket_probes(FixedPasses(8))
+    for bucket in (32, 128, 512):
+        assert bucket_violations(FixedPasses(8), probes[bucket]) == []
+        for real in range(2, 9):
+            for position in range(real):
+                planted = FixedPasses(8, layout(bucket, real, position))
+                assert bucket_violations(planted, probes[bucket]), (bucket, real, position)
+
+        def second(length: int, rows: list[list[int]], _: int, before: int, __: int) -> bool:
+            return length == bucket and before >= 1 and real_rows(rows) > 1  # noqa: B023
+
+        assert bucket_violations(FixedPasses(8, second), probes[bucket]), bucket

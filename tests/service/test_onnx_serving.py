@@ -3,6 +3,8 @@ any server process, and refuses to start where the deployment expects another ba
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
@@ -41,18 +43,41 @@ def serve(
     return Server(env, log=folder / "server.log").start(timeout, refused)
 
 
+LATER = [24, 48, 96, 128, 192, 256]
+"""all-MiniLM-L6-v2's buckets that the start-up probes miss."""
+
+
+def events(folder: Path, name: str) -> list[dict[str, object]]:
+    """The server log's events called ``name``, in order."""
+    lines = (folder / "server.log").read_text(errors="replace").splitlines()
+    found = [json.loads(line) for line in lines if line.startswith("{") and name in line]
+    return [event for event in found if event.get("event") == name]
+
+
 def test_an_int8_bundle_serves_without_torch(int8_tag, tmp_path) -> None:
+    """... and, once ready, checks the buckets its start-up probes miss, smallest first; a
+    document with a sentence of about 200 tokens is served meanwhile."""
     server = serve(int8_tag, tmp_path, "onnx-int8")
     try:
-        response = privatize(server, "onnx-user", 2.0, TENANTS[0].key)
+        long = " ".join(["The council approved the budget for roads and schools"] * 20) + "."
+        text = f"{long} Rates rose. The film ended. It rained in Leeds."
+        response = privatize(server, "onnx-user", 2.0, TENANTS[0].key, documents=[{"text": text}])
         assert response.status_code == 200, response.text
         (document,) = response.json()["documents"]
         assert (document["k"], len(document["embedding"])) == (4, 384)
         mapped = {Path(m.path).name for p in server._tree() for m in p.memory_maps() if m.path}
         assert any(name.startswith("libonnxruntime") for name in mapped)
         assert not any(name.startswith("libtorch") for name in mapped)
+        deadline = time.monotonic() + 120
+        while len(events(tmp_path, "encoder_bucket_checked")) < len(LATER):
+            assert time.monotonic() < deadline, "the later bucket checks did not end"
+            time.sleep(0.5)
     finally:
         server.stop()
+    (started,) = events(tmp_path, "encoder_buckets_checked")
+    assert (started["buckets"], started["later"]) == ([8, 16, 32, 64], LATER)
+    assert [e["bucket"] for e in events(tmp_path, "encoder_bucket_checked")] == LATER
+    assert not events(tmp_path, "encoder_bucket_moved")
 
 
 def test_a_deployment_expecting_torch_refuses_the_int8_bundle(int8_tag, tmp_path) -> None:
@@ -75,3 +100,6 @@ def test_a_worker_asked_to_check_every_bucket_does_so_before_it_serves(int8_tag,
         if "encoder_buckets_checked" in line
     ]
     assert "[8, 16, 24, 32, 48, 64, 96, 128, 192, 256]" in line
+    (started,) = events(tmp_path, "encoder_buckets_checked")
+    assert (started["unchecked"], started["later"]) == ([], [])
+    assert [e["bucket"] for e in events(tmp_path, "encoder_bucket_checked")] == LATER
