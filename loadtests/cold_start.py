@@ -35,7 +35,11 @@ def later_checks(server: Server, ready: float) -> str:
     last check ended, in seconds after ``ready`` (Unix time)."""
     lines = server.log.read_text(errors="replace").splitlines() if server.log else []
     events = [json.loads(line) for line in lines if "encoder_bucket_checked" in line]
-    events = [e for e in events if e.get("event") == "encoder_bucket_checked"]
+    events = [
+        e
+        for e in events
+        if e.get("event") == "encoder_bucket_checked" and e.get("when") == "after-ready"
+    ]
     if not events:
         return "no bucket checked after start-up"
     ended = datetime.fromisoformat(events[-1]["time"].replace("Z", "+00:00")).timestamp()

@@ -57,26 +57,32 @@ INVARIANCE_PROBES = (
 """Public sentences of several length buckets for the start-up batch-invariance check."""
 
 
-def bucket_probes(encoder: Encoder, words: Sequence[str] | None = None) -> dict[int, str]:
+def bucket_probes(
+    encoder: Encoder, words: Sequence[str] | None = None, shortest: bool = False
+) -> dict[int, str]:
     """A public probe for every length bucket of ``encoder``: the longest run of ``words``
     (the invariance probes' words, repeated) that lands in the bucket, so it fills the bucket
     or nearly (the last one exactly: the tokenizer cuts the run to it); where no run lands in
-    a bucket (a word of many tokens), the longest run below it followed by full stops. For
-    the buckets that :data:`INVARIANCE_PROBES` do not reach, to check every bucket's kernels
-    on a machine."""
+    a bucket (a word of many tokens), the longest run below it followed by full stops. With
+    ``shortest``, the shortest such run instead (a row of the bucket with the most padding).
+    For the buckets that :data:`INVARIANCE_PROBES` do not reach, to check every bucket's
+    kernels on a machine."""
     pool = list(words or " ".join(INVARIANCE_PROBES).split())
     runs = [
         " ".join(pool[i % len(pool)] for i in range(n)) for n in range(1, 2 * encoder.max_tokens)
     ]
-    probes = dict(zip(encoder.buckets_of(runs), runs, strict=True))  # the longest of each
+    longest = dict(zip(encoder.buckets_of(runs), runs, strict=True))
+    probes = dict(reversed(list(zip(encoder.buckets_of(runs), runs, strict=True))))
+    if not shortest:
+        probes = longest
     for bucket in length_buckets(encoder.max_tokens):
         if bucket in probes:
             continue
-        below = max((text for b, text in probes.items() if b < bucket), key=len, default="")
+        below = max((text for b, text in longest.items() if b < bucket), key=len, default="")
         stops = [f"{below}{' .' * n}".strip() for n in range(1, bucket + 1)]
         landed = [t for t, b in zip(stops, encoder.buckets_of(stops), strict=True) if b == bucket]
         if landed:
-            probes[bucket] = landed[-1]
+            probes[bucket] = landed[0] if shortest else landed[-1]
     return dict(sorted(probes.items()))
 
 
@@ -560,23 +566,24 @@ def batch_invariance_violations(
 
 def copies_violations(
     encoder: Encoder,
-    probe: str,
+    probes: Sequence[str],
     beside: str,
     counts: Sequence[int] | None = None,
     first_only: bool = False,
 ) -> list[str]:
-    """Where ``probe`` moves in calls of ``count`` copies of it beside one ``beside`` (a
-    sentence of another bucket: two buckets' passes in every call), against the probe
-    alone. The check of one bucket in plain buckets, lean where a row is costly (a bucket of
-    256 tokens): its passes get the row counts in ``counts``, by default 1, 2, 3, 8, and a
-    full pass then one more row in one call (``batch_size`` + 1): some 50 rows at 32 rows a
-    pass, where the mixed-batch check builds about 200. With ``first_only``, stop after the
-    first call that moves a row."""
-    alone = encoder.encode([probe])[0]
+    """Where ``probes`` (of one bucket) move in calls of ``count`` rows that cycle through
+    them, beside one ``beside`` (a sentence of another bucket: two buckets' passes in every
+    call), against each probe alone. The check of one bucket in plain buckets, lean where a
+    row is costly (a bucket of 256 tokens): its passes get the row counts in ``counts``, by
+    default 1, 2, 3, 8, and a full pass then one more row in one call (``batch_size`` + 1):
+    some 50 rows at 32 rows a pass, where the mixed-batch check builds about 200. With
+    ``first_only``, stop after the first call that moves a row."""
+    alone = [encoder.encode([probe])[0] for probe in probes]
     found: list[str] = []
-    for count in counts or (1, 2, 3, 8, encoder.batch_size + 1):
-        rows = encoder.encode([probe] * count + [beside])[:count]
-        found += _moved([0] * count, rows, [alone], f"batch of {count} copies")
+    for count in (1, 2, 3, 8, encoder.batch_size + 1) if counts is None else counts:
+        order = [n % len(probes) for n in range(count)]
+        rows = encoder.encode([probes[n] for n in order] + [beside])[:count]
+        found += _moved(order, rows, alone, f"batch of {count} rows")
         if found and first_only:
             return found
     return found

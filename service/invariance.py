@@ -33,8 +33,8 @@ class StartUpCheck:
     buckets, several passes of a bucket in one call
     (:func:`~sentdp.encoders.fixed_batch_violations`); else mixed batches of several sizes,
     with every row count a pass can have swept in one bucket. With ``every_bucket``, then
-    each bucket the invariance probes miss, apart, as :class:`LaterChecks` checks it after
-    start-up otherwise (so the first check stays exactly as it is)."""
+    each bucket the invariance probes miss, apart (so the first check stays exactly as it
+    is), as :class:`LaterChecks` checks it after start-up otherwise."""
 
     def __init__(self, every_bucket: bool = False) -> None:
         self.every_bucket = every_bucket
@@ -49,45 +49,52 @@ class StartUpCheck:
             return found
         self.buckets = sorted(set(encoder.buckets_of(list(INVARIANCE_PROBES))))
         if self.every_bucket:
-            later = LaterChecks(encoder, self.buckets)
-            moved = later.check(encoder, encoder.max_tokens)
+            later = LaterChecks(encoder, self.buckets, "start-up")
+            moved = later.check(encoder)
             if moved:
                 return moved
             self.buckets = sorted({*self.buckets, *later.checked})
         return []
 
-    def report(self, max_tokens: int) -> tuple[int, dict[str, Any]]:
-        """The log level and fields of the buckets the last passing check covered and those
-        it did not, for an encoder of ``max_tokens``: a warning when every bucket was asked
-        for and one got no probe."""
+    def report(self, max_tokens: int, later: Sequence[int] = ()) -> tuple[int, dict[str, Any]]:
+        """The log level and fields of the buckets the last passing check covered, those it
+        did not, and those left to ``later`` checks, for an encoder of ``max_tokens``: a
+        warning when a bucket is neither checked nor left to later (no probe lands in it)."""
         from sentdp.encoders import length_buckets
 
         unchecked = sorted(set(length_buckets(max_tokens)) - set(self.buckets))
-        level = logging.WARNING if self.every_bucket and unchecked else logging.INFO
+        level = logging.WARNING if set(unchecked) - set(later) else logging.INFO
         return level, {
             "buckets": self.buckets,
             "unchecked": unchecked,
+            "later": list(later),
             "every_bucket": self.every_bucket,
         }
 
 
 class LaterChecks:
-    """The length buckets the start-up check's probes did not reach, each checked on a public
-    probe that fills it (:func:`sentdp.encoders.bucket_probes`), beside the shortest
-    invariance probe, in the encoder's mode (:func:`bucket_violations`), smallest bucket
-    first.
+    """The length buckets the start-up check's probes did not reach, each checked on two
+    public probes that land in it, the longest and the shortest run of words
+    (:func:`sentdp.encoders.bucket_probes`), beside the shortest invariance probe, in the
+    encoder's mode (:func:`bucket_violations`), smallest bucket first.
 
-    The worker checks them one per turn at its gate as soon as it is ready and, before it
-    encodes a batch, every bucket still pending up to the largest one the batch's sentences
-    land in, so no sentence is encoded in a bucket that has not passed. Which buckets are
-    checked, in what order, and with what outcome depend on public probes only; a batch's
-    sentences decide only how soon."""
+    The worker checks them one per turn at its gate once it is ready, and before it encodes
+    any batch it checks every bucket still pending, whatever the batch holds: which buckets
+    are checked, in what order, with what outcome, and which batches wait for them, depend
+    on public probes and on time only, never on what a batch's documents say. ``when``
+    (``start-up`` or ``after-ready``) is logged with each bucket checked."""
 
-    def __init__(self, encoder: Any, covered: Sequence[int]) -> None:
+    def __init__(self, encoder: Any, covered: Sequence[int], when: str) -> None:
         from sentdp.encoders import bucket_probes
 
-        probes = bucket_probes(encoder)
-        self._probes = {b: probes[b] for b in sorted(probes) if b not in set(covered)}
+        longest = bucket_probes(encoder)
+        shortest = bucket_probes(encoder, shortest=True)
+        self._probes = {
+            b: tuple(dict.fromkeys([longest[b], shortest.get(b, longest[b])]))
+            for b in sorted(longest)
+            if b not in set(covered)
+        }
+        self.when = when
         self.checked: list[int] = []
         """The buckets that passed, in the order checked."""
         self._lock = threading.Lock()  # pending() is read by the worker's checking thread
@@ -97,19 +104,12 @@ class LaterChecks:
         with self._lock:
             return list(self._probes)
 
-    def needed(self, encoder: Any, sentences: Sequence[str]) -> int | None:
-        """The largest pending bucket one of ``sentences`` lands in, or None (they are
-        tokenized only while a bucket is pending)."""
-        pending = self.pending()
-        if not pending or not sentences:
-            return None
-        return max(set(encoder.buckets_of(list(sentences))) & set(pending), default=None)
-
-    def check(self, encoder: Any, through: int) -> list[str]:
-        """Check each pending bucket up to ``through``, smallest first, and stop at the first
-        where a probe moves (it stays pending): where it moved, empty when all passed."""
+    def check(self, encoder: Any, through: int | None = None) -> list[str]:
+        """Check each pending bucket (up to ``through``), smallest first, and stop at the
+        first where a probe moves (it stays pending): where it moved, empty when all
+        passed."""
         for bucket in self.pending():
-            if bucket > through:
+            if through is not None and bucket > through:
                 break
             started = time.perf_counter()
             found = bucket_violations(encoder, self._probes[bucket])
@@ -119,22 +119,31 @@ class LaterChecks:
                 del self._probes[bucket]
                 self.checked.append(bucket)
             seconds = round(time.perf_counter() - started, 3)
-            logs.log_event("encoder_bucket_checked", logging.INFO, bucket=bucket, seconds=seconds)
+            logs.log_event(
+                "encoder_bucket_checked",
+                logging.INFO,
+                bucket=bucket,
+                seconds=seconds,
+                when=self.when,
+            )
         return []
 
 
-def bucket_violations(encoder: Any, probe: str) -> list[str]:
-    """Where ``probe`` (filling one bucket) moves in calls beside the shortest invariance
-    probe, stopping at the first that moves it: in fixed-shape passes every count of real
-    rows and position of a pass (:func:`~sentdp.encoders.fixed_batch_violations`), else
-    copies at several row counts (:func:`~sentdp.encoders.copies_violations`: the mixed-batch
-    check's layouts cost 4-5 times as much in a bucket of 256 tokens, measured)."""
+def bucket_violations(encoder: Any, probes: Sequence[str]) -> list[str]:
+    """Where ``probes`` (of one bucket, the longest first) move in calls beside the shortest
+    invariance probe, stopping at the first call that moves one. In fixed-shape passes,
+    every count of real rows and position of a pass of the longest
+    (:func:`~sentdp.encoders.fixed_batch_violations`; its filler rows already give each
+    partial pass rows of other lengths, and a second probe cost 1.3-1.4 times as much,
+    measured); else rows cycling through the probes at several row counts
+    (:func:`~sentdp.encoders.copies_violations`: the mixed-batch check's layouts cost 4-5
+    times as much in a bucket of 256 tokens, measured)."""
     from sentdp.encoders import INVARIANCE_PROBES, copies_violations, fixed_batch_violations
 
     short = INVARIANCE_PROBES[0]
     if encoder.fixed_batch:
-        return fixed_batch_violations(encoder, (short, probe), first_only=True)
-    return copies_violations(encoder, probe, short, first_only=True)
+        return fixed_batch_violations(encoder, (short, probes[0]), first_only=True)
+    return copies_violations(encoder, probes, short, first_only=True)
 
 
 def _violations(encoder: Any, probes: tuple[str, ...], sweep: bool) -> list[str]:

@@ -227,9 +227,9 @@ class Worker:
             use_deterministic_kernels,
             rejected,
         )
-        self.later = LaterChecks(self.encoder, check.buckets)
-        level, fields = check.report(self.encoder.max_tokens)
-        logs.log_event("encoder_buckets_checked", level, **fields, later=self.later.pending())
+        self.later = LaterChecks(self.encoder, check.buckets, "after-ready")
+        level, fields = check.report(self.encoder.max_tokens, self.later.pending())
+        logs.log_event("encoder_buckets_checked", level, **fields)
         return mode
 
     def _check_buckets(self) -> None:
@@ -259,26 +259,38 @@ class Worker:
             logs.log_event("worker_refusing_to_serve", logging.ERROR, error=type(error).__name__)
 
     def _checked_buckets(
-        self, live: list[tuple[int, int, WorkItem]], replies: list[list[WorkResult]]
+        self,
+        requests: list[WorkRequest],
+        live: list[tuple[int, int, WorkItem]],
+        replies: list[list[WorkResult]],
     ) -> list[tuple[int, int, WorkItem]]:
-        """Before a batch is encoded: check every pending bucket up to the largest its
-        sentences land in (all of them if they cannot be tokenized; encoding would then fail
-        too, and its items be refunded). The items to encode: none, each answered
-        :data:`CLOSED`, once the worker refuses to serve."""
-        if live and not self.closed and (pending := self.later.pending()):
-            try:
-                needed = self.later.needed(
-                    self.encoder, [s for _, _, item in live for s in item.sentences]
-                )
-            except Exception:
-                needed = pending[-1]
-            if needed is not None:
-                self._check_later(needed)
-        if not self.closed:
+        """Before a batch is encoded: check every bucket still pending, whatever the batch
+        holds (so what it holds never decides which checks run before it, which encoder
+        encodes it, or whether it is refused). The items to encode: those whose request's
+        deadline has not passed meanwhile (the others draw nothing: :data:`LATE`), or none,
+        each answered :data:`CLOSED`, once the worker refuses to serve."""
+        if not live or (not self.closed and not self.later.pending()):
             return live
+        for _ in range(3):  # a new mode leaves nothing pending; a failed one closes
+            pending = self.later.pending()
+            if self.closed or not pending:
+                break
+            self._check_later(pending[-1])
+        if self.later.pending() and not self.closed:
+            self.closed = True
+            logs.log_event("worker_refusing_to_serve", logging.ERROR, error="BucketsLeftPending")
+        if self.closed:
+            for r, i, _ in live:
+                replies[r][i] = CLOSED
+            return []
+        now = time.time()
+        late = {r for r, _, _ in live if now > requests[r].deadline}
+        if late:
+            metric("late_requests").inc(len(late))
         for r, i, _ in live:
-            replies[r][i] = CLOSED
-        return []
+            if r in late:
+                replies[r][i] = LATE
+        return [(r, i, item) for r, i, item in live if r not in late]
 
     def _reopen(self, device: str, cuda_graphs: bool) -> Any:
         """The bundle's encoder again, on ``device``, in fixed-shape batches (small ones on
@@ -334,7 +346,7 @@ class Worker:
                     replies[r][i] = WorkResult(sampled=False, error=refused)
                 else:
                     live.append((r, i, item))
-        live = self._checked_buckets(live, replies)
+        live = self._checked_buckets(requests, live, replies)
         metric("batch_documents").observe(len(live))
         plans = self._plans([item for _, _, item in live], [requests[r].tenant for r, _, _ in live])
         ready = [(r, i, item, plan) for (r, i, item), plan in zip(live, plans, strict=True)]

@@ -387,6 +387,12 @@ def test_bucket_probes_fill_every_bucket_with_public_words(encoder) -> None:
     assert all(bucket - 4 < n <= bucket for bucket, n in zip(probes, lengths, strict=True))
     words = set(" ".join(INVARIANCE_PROBES).split())
     assert all(set(text.split()) <= words for text in probes.values())
+    shortest = bucket_probes(encoder, shortest=True)
+    assert encoder.buckets_of(list(shortest.values())) == list(probes)
+    for bucket, text in shortest.items():  # a word fewer lands in a smaller bucket
+        assert len(text) < len(probes[bucket]) or bucket == min(probes)
+        fewer = " ".join(text.split()[:-1])
+        assert not fewer or encoder.buckets_of([fewer])[0] < bucket
 
 
 def test_bucket_probes_fill_buckets_that_no_run_of_words_lands_in() -> None:
@@ -400,7 +406,7 @@ def test_bucket_probes_fill_buckets_that_no_run_of_words_lands_in() -> None:
 def test_the_check_of_copies_builds_each_row_count_and_calls_of_two_buckets() -> None:
     """The lean check of one bucket in plain buckets: passes of 2, 3, 8 and a full 32 rows,
     a row after a full pass in one call, and another bucket's pass in every call."""
-    probe = "x" * 100  # the bucket of 128 characters
+    probe = ["x" * 100]  # the bucket of 128 characters
 
     def rows_of(count: int) -> Fault:
         return lambda length, rows, *_: length == 128 and len(rows) == count

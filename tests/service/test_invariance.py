@@ -205,14 +205,15 @@ def test_every_bucket_keeps_the_default_check_as_it_is(fixed: bool) -> None:
     assert found >= 4 * (rows - 1) if fixed else found > 20
 
 
-def test_every_bucket_checks_each_layout_of_the_added_buckets_in_fixed_shape_passes() -> None:
+def test_every_bucket_checks_the_added_buckets_as_later_checks_do() -> None:
+    """Some layouts of each added bucket (every layout is the later checks' test, below)."""
     from tests.sentdp.fake_encoders import FixedPasses, layout
 
     for bucket in (32, 128, 512):
-        for real in range(2, 9):
-            for position in range(real):
-                planted = FixedPasses(8, layout(bucket, real, position))
-                assert StartUpCheck(every_bucket=True)(planted), (bucket, real, position)
+        for real, position in [(2, 1), (5, 0), (8, 7)]:
+            planted = FixedPasses(8, layout(bucket, real, position))
+            assert StartUpCheck(every_bucket=True)(planted), (bucket, real, position)
+            assert StartUpCheck()(planted) == []
 
 
 def test_every_bucket_with_no_bucket_left_and_what_the_worker_logs() -> None:
@@ -224,12 +225,14 @@ def test_every_bucket_with_no_bucket_left_and_what_the_worker_logs() -> None:
     assert every(short) == []
     assert every.report(short.max_tokens) == (
         logging.INFO,
-        {"buckets": [8, 16], "unchecked": [], "every_bucket": True},
+        {"buckets": [8, 16], "unchecked": [], "later": [], "every_bucket": True},
     )
     default = StartUpCheck()
     assert default(FixedPasses(8)) == []
-    level, fields = default.report(512)
-    assert (level, fields["unchecked"]) == (logging.INFO, [24, 32, 48, 96, 128, 192, 384, 512])
+    later = [24, 32, 48, 96, 128, 192, 384, 512]
+    level, fields = default.report(512, later)
+    assert (level, fields["unchecked"], fields["later"]) == (logging.INFO, later, later)
+    assert default.report(512, later[:-1])[0] == logging.WARNING  # 512: neither
     every.buckets = [8, 16, 64]  # a bucket got no probe although every one was asked for
     assert every.report(64)[0] == logging.WARNING
 
@@ -262,31 +265,35 @@ def test_later_checks_find_a_fault_in_a_bucket_the_start_up_probes_miss(fixed: b
     planted = FixedPasses(8, _in_bucket(128), fixed)
     start = StartUpCheck()
     assert start(planted) == []  # the default check misses it
-    later = LaterChecks(planted, start.buckets)
+    later = LaterChecks(planted, start.buckets, "after-ready")
     assert later.pending() == [32, 128, 512]
     assert later.check(planted, 64) == []  # 32 only: it passes
     assert (later.pending(), later.checked) == ([128, 512], [32])
-    found = later.check(planted, 512)
+    found = later.check(planted)
     assert found
     assert all(line.startswith("bucket 128: probe ") for line in found)  # no text
     assert later.pending() == [128, 512]
     clean = FixedPasses(8, fixed=fixed)
-    assert later.check(clean, 512) == []
+    assert later.check(clean) == []
     assert (later.pending(), later.checked) == ([], [32, 128, 512])
 
 
-def test_a_batch_needs_the_largest_pending_bucket_its_sentences_land_in() -> None:
+@pytest.mark.parametrize("fixed", [True, False])
+def test_later_checks_give_a_pass_rows_of_different_lengths(fixed: bool) -> None:
+    """A kernel that depends on the other rows' lengths (unpadding to the longest row) moves
+    a row only when a bucket's pass holds rows of different lengths: in plain buckets each
+    bucket's check cycles through its longest and its shortest run of words; in fixed-shape
+    passes its filler rows are shorter than its probe."""
     from tests.sentdp.fake_encoders import FixedPasses
 
-    encoder = FixedPasses(8)
-    later = LaterChecks(encoder, [8, 16, 64, 256])
-    assert later.needed(encoder, ["a" * 20, "b" * 100, "c" * 60]) == 128
-    assert later.needed(encoder, ["a" * 20, "b" * 5]) == 32
-    assert later.needed(encoder, ["short", "b" * 60, "c" * 250]) is None  # all covered
-    assert later.needed(encoder, []) is None
-    later.check(encoder, 128)
-    assert later.needed(encoder, ["a" * 20, "b" * 100]) is None
-    assert LaterChecks(encoder, list(range(8, 513))).needed(encoder, ["a" * 500]) is None
+    def lengths_differ(length: int, rows: list[list[int]], *_: int) -> bool:
+        return length == 128 and len({len(row) for row in rows}) > 1
+
+    later = LaterChecks(FixedPasses(8, fixed=fixed), [8, 16, 64, 256], "after-ready")
+    assert later.check(FixedPasses(8, lengths_differ, fixed))
+    if not fixed:  # with its longest probe alone every row of the bucket is one length
+        (longest, _), alone = later._probes[128], FixedPasses(8, lengths_differ, fixed)
+        assert bucket_violations(alone, (longest,)) == []
 
 
 def test_later_checks_cover_every_layout_of_their_buckets_in_fixed_shape_passes() -> None:
@@ -295,15 +302,21 @@ def test_later_checks_cover_every_layout_of_their_buckets_in_fixed_shape_passes(
     from sentdp.encoders import bucket_probes
     from tests.sentdp.fake_encoders import FixedPasses, layout, real_rows
 
-    probes = bucket_probes(FixedPasses(8))
+    longest, shortest = bucket_probes(FixedPasses(8)), bucket_probes(FixedPasses(8), shortest=True)
     for bucket in (32, 128, 512):
-        assert bucket_violations(FixedPasses(8), probes[bucket]) == []
+        probes = (longest[bucket], shortest[bucket])
+        assert bucket_violations(FixedPasses(8), probes) == []
         for real in range(2, 9):
             for position in range(real):
                 planted = FixedPasses(8, layout(bucket, real, position))
-                assert bucket_violations(planted, probes[bucket]), (bucket, real, position)
+                assert bucket_violations(planted, probes), (bucket, real, position)
 
         def second(length: int, rows: list[list[int]], _: int, before: int, __: int) -> bool:
             return length == bucket and before >= 1 and real_rows(rows) > 1  # noqa: B023
 
-        assert bucket_violations(FixedPasses(8, second), probes[bucket]), bucket
+        assert bucket_violations(FixedPasses(8, second), probes), bucket
+
+        def beside_another(length: int, rows: list[list[int]], _: int, before: int, earlier: int):  # type: ignore[no-untyped-def]
+            return length == bucket and earlier > before  # noqa: B023
+
+        assert bucket_violations(FixedPasses(8, beside_another), probes), bucket

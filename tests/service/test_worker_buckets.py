@@ -1,22 +1,25 @@
 """The worker's checks of the length buckets its start-up probes miss (service.worker with
-service.invariance.LaterChecks): checked after start-up, before any batch encodes in them,
-and a failure that either finds a mode afresh or closes the worker."""
+service.invariance.LaterChecks): checked after start-up, all of them before any batch is
+encoded whatever it holds, and a failure that either finds a mode afresh or closes the
+worker."""
 
 from __future__ import annotations
 
 import logging
+import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from service.invariance import LaterChecks
+from service.invariance import LaterChecks, StartUpCheck
 from service.scheduling import ComputeThread, FairGate
-from service.schemas import CLOSED_ERROR, WorkItem, WorkResult
+from service.schemas import CLOSED_ERROR, LATE_ERROR, WorkItem, WorkRequest, WorkResult
 from service.worker import LATER_KEY, Worker
-from tests.sentdp.fake_encoders import FixedPasses, real_rows
+from tests.sentdp.fake_encoders import CHAR_BUCKETS, FixedPasses, real_rows
 
 DEFAULT = [8, 16, 64, 256]  # the fake's buckets the invariance probes reach
+LATER = [32, 128, 512]
 
 
 def in_bucket(bucket: int):  # type: ignore[no-untyped-def]
@@ -26,16 +29,15 @@ def in_bucket(bucket: int):  # type: ignore[no-untyped-def]
 def worker(encoder: Any, remode: Any = None) -> SimpleNamespace:
     """The worker's state and bucket-checking methods around ``encoder``; ``remode`` stands
     for choosing the mode again (every bucket checked, the failed encoder rejected)."""
-    ns = SimpleNamespace(encoder=encoder, encoder_mode="cpu", closed=False)
-    ns.later = LaterChecks(encoder, DEFAULT)
-    ns.remodes = []
+    ns = SimpleNamespace(encoder=encoder, encoder_mode="cpu", closed=False, remodes=[])
+    ns.later = LaterChecks(encoder, DEFAULT, "after-ready")
 
     def choose(every_bucket: bool, rejected: bool = False) -> str:
         ns.remodes.append((every_bucket, rejected))
         if remode is None:
             raise RuntimeError("the encoder's output depends on its batch")
         ns.encoder = remode
-        ns.later = LaterChecks(remode, list(range(8, 513)))
+        ns.later = LaterChecks(remode, list(CHAR_BUCKETS), "after-ready")
         return "cpu-fixed-batch"
 
     ns._batch_invariant_encoder = choose
@@ -43,34 +45,45 @@ def worker(encoder: Any, remode: Any = None) -> SimpleNamespace:
     return ns
 
 
-def items(*lengths: int) -> list[tuple[int, int, WorkItem]]:
-    return [
-        (
-            0,
-            n,
-            WorkItem(
-                charge_id=n, model="m", variant="v", sentences=["a" * length], epsilon=1.0, p=1
-            ),
-        )
-        for n, length in enumerate(lengths)
+def request(*lengths: int, deadline: float = 4e9) -> WorkRequest:
+    items = [
+        WorkItem(charge_id=n, model="m", variant="v", sentences=["a" * k], epsilon=1.0, p=1)
+        for n, k in enumerate(lengths)
     ]
+    return WorkRequest(request_id="r", tenant="t", deadline=deadline, items=items)
 
 
-def test_a_batch_waits_for_the_buckets_it_needs_and_no_more() -> None:
-    ns = worker(FixedPasses(8))
-    live = items(20, 100)
-    replies: list[list[WorkResult]] = [[]]
-    assert Worker.inner._checked_buckets(ns, live, replies) == live
-    assert ns.later.pending() == [512]
-    assert Worker.inner._checked_buckets(ns, items(5), replies) == items(5)
-    assert ns.later.pending() == [512]  # a batch of the default buckets checks nothing
+def live(*requests: WorkRequest) -> list[tuple[int, int, WorkItem]]:
+    return [(r, i, item) for r, req in enumerate(requests) for i, item in enumerate(req.items)]
 
 
-def test_a_fault_found_later_chooses_the_mode_again_and_the_batch_encodes_with_it() -> None:
+def checked(ns: SimpleNamespace, *requests: WorkRequest) -> tuple[list[Any], list[list[Any]]]:
+    replies: list[list[Any]] = [[None] * len(r.items) for r in requests]
+    return Worker.inner._checked_buckets(ns, list(requests), live(*requests), replies), replies
+
+
+def test_any_batch_waits_for_every_pending_bucket_whatever_it_holds() -> None:
+    """Which checks run before a batch never depends on its sentences: a batch of the
+    default buckets' sentences waits for all of them, as one of long sentences does."""
+    for lengths in [(5,), (100, 20), (500,)]:
+        ns = worker(FixedPasses(8))
+        throughs: list[int] = []
+        ns._check_later = lambda through: (
+            throughs.append(through),  # noqa: B023
+            Worker.inner._check_later(ns, through),  # noqa: B023
+        )
+        batch = request(*lengths)
+        assert checked(ns, batch)[0] == live(batch)
+        assert (throughs, ns.later.pending(), ns.later.checked) == ([512], [], LATER)
+
+
+def test_a_fault_found_before_a_batch_chooses_the_mode_again_and_the_batch_encodes_with_it() -> (
+    None
+):
     fixed = FixedPasses(8)
     ns = worker(FixedPasses(8, in_bucket(128), fixed=False), remode=fixed)
-    live = items(100)
-    assert Worker.inner._checked_buckets(ns, live, [[None]]) == live
+    batch = request(5)
+    assert checked(ns, batch)[0] == live(batch)
     assert ns.remodes == [(True, True)]
     assert (ns.encoder, ns.encoder_mode, ns.closed) == (fixed, "cpu-fixed-batch", False)
     assert ns.later.pending() == []
@@ -80,10 +93,10 @@ def test_when_no_mode_passes_the_worker_refuses_every_item_and_is_not_ready(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     ns = worker(FixedPasses(8, in_bucket(32), fixed=False))
-    replies: list[list[Any]] = [[None, None]]
+    batch = request(20, 5)
     with caplog.at_level(logging.INFO, logger="sentdp.service"):
-        assert Worker.inner._checked_buckets(ns, items(20, 5), replies) == []
-    assert ns.closed
+        encode, replies = checked(ns, batch)
+    assert (encode, ns.closed) == ([], True)
     assert replies == [[WorkResult(sampled=False, error=CLOSED_ERROR)] * 2]
     assert Worker.inner.__is_ready__(ns) is False
     events = {r.sentdp_fields["event"]: r for r in caplog.records if hasattr(r, "sentdp_fields")}
@@ -92,25 +105,65 @@ def test_when_no_mode_passes_the_worker_refuses_every_item_and_is_not_ready(
     refusing = events["worker_refusing_to_serve"]
     assert (refusing.levelno, refusing.sentdp_fields["error"]) == (logging.ERROR, "RuntimeError")
     assert "depends on its batch" not in str(refusing.sentdp_fields)
-    again: list[list[Any]] = [[None]]  # later batches are refused without checking again
-    assert Worker.inner._checked_buckets(ns, items(5), again) == []
-    assert again == [[WorkResult(sampled=False, error=CLOSED_ERROR)]]
-    assert ns.remodes == [(True, True)]
+    again = request(5)
+    assert checked(ns, again) == ([], [[WorkResult(sampled=False, error=CLOSED_ERROR)]])
+    assert ns.remodes == [(True, True)]  # no check runs again once closed
 
 
-def test_a_batch_whose_sentences_cannot_be_tokenized_waits_for_every_bucket() -> None:
-    class Untokenizable(FixedPasses):
-        def buckets_of(self, sentences):  # type: ignore[no-untyped-def]
-            if any("\x00" in s for s in sentences):
-                raise ValueError("cannot tokenize")
-            return super().buckets_of(sentences)
+def test_a_request_whose_deadline_passed_during_the_checks_draws_nothing() -> None:
+    class Slow(FixedPasses):
+        def encode(self, sentences):  # type: ignore[no-untyped-def]
+            time.sleep(0.01)
+            return super().encode(sentences)
 
-    ns = worker(Untokenizable(8))
-    live = [
-        (0, 0, WorkItem(charge_id=1, model="m", variant="v", sentences=["\x00"], epsilon=1.0, p=1))
-    ]
-    assert Worker.inner._checked_buckets(ns, live, [[None]]) == live
-    assert ns.later.pending() == []
+    ns = worker(Slow(8))
+    soon, later = request(5, deadline=time.time() + 0.05), request(5)
+    encode, replies = checked(ns, soon, later)
+    assert encode == live(soon, later)[1:]
+    assert replies[0] == [WorkResult(sampled=False, error=LATE_ERROR)]
+
+
+def test_a_new_mode_that_leaves_buckets_pending_has_them_checked_too() -> None:
+    """After a mode is chosen again the batch waits for whatever that mode left pending."""
+    ns = worker(FixedPasses(8, in_bucket(128), fixed=False))
+    fresh = FixedPasses(8)
+
+    def choose(every_bucket: bool, rejected: bool = False) -> str:
+        ns.encoder, ns.later = fresh, LaterChecks(fresh, DEFAULT, "after-ready")
+        return "cpu-fixed-batch"
+
+    ns._batch_invariant_encoder = choose
+    batch = request(5)
+    assert checked(ns, batch)[0] == live(batch)
+    assert (ns.later.checked, ns.closed) == (LATER, False)
+
+
+def test_the_real_mode_choice_after_a_fault_rejects_the_encoder_and_checks_every_bucket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import service.worker as module
+
+    calls: list[tuple[StartUpCheck, bool]] = []
+    fresh = FixedPasses(8)
+
+    def choose(encoder, reopen, check, graphs, deterministic, rejected):  # type: ignore[no-untyped-def]
+        calls.append((check, rejected))
+        assert check(fresh) == []
+        return fresh, "cpu-fixed-batch"
+
+    monkeypatch.setattr(module, "invariant_encoder", choose)
+    ns = SimpleNamespace(encoder=FixedPasses(8, in_bucket(128), fixed=False), closed=False)
+    ns.encoder_mode, ns._reopen = "cpu", None
+    ns._batch_invariant_encoder = lambda every_bucket, rejected=False: (
+        Worker.inner._batch_invariant_encoder(ns, every_bucket, rejected)
+    )
+    ns._check_later = lambda through: Worker.inner._check_later(ns, through)
+    ns.later = LaterChecks(ns.encoder, DEFAULT, "after-ready")
+    batch = request(5)
+    assert checked(ns, batch)[0] == live(batch)
+    ((check, rejected),) = calls
+    assert (check.every_bucket, rejected) == (True, True)
+    assert (ns.encoder, ns.encoder_mode, ns.later.pending()) == (fresh, "cpu-fixed-batch", [])
 
 
 class CountingGate(FairGate):
@@ -131,12 +184,12 @@ def test_after_start_up_the_pending_buckets_are_checked_one_per_turn_smallest_fi
     with caplog.at_level(logging.INFO, logger="sentdp.service"):
         Worker.inner._check_buckets(ns)
     assert ns.gate.keys == [LATER_KEY] * 3
-    checked = [
-        r.sentdp_fields["bucket"]
+    events = [
+        r.sentdp_fields
         for r in caplog.records
         if getattr(r, "sentdp_fields", {}).get("event") == "encoder_bucket_checked"
     ]
-    assert checked == [32, 128, 512]
+    assert [(e["bucket"], e["when"]) for e in events] == [(b, "after-ready") for b in LATER]
     assert ns.later.pending() == []
 
 
@@ -150,25 +203,42 @@ def test_the_checking_thread_stops_once_the_worker_refuses_to_serve() -> None:
 
 
 def test_every_batch_passes_the_bucket_checks_before_it_is_planned() -> None:
-    from service.schemas import WorkRequest
-
     ns = worker(FixedPasses(8))
-    planned: list[list[str]] = []
+    planned: list[list[int]] = []
 
-    def plans(live: list[WorkItem], tenants: list[str]) -> list[Any]:
+    def plans(items: list[WorkItem], tenants: list[str]) -> list[Any]:
         planned.append(ns.later.pending())
-        return ["stopped before sampling"] * len(live)
+        return ["stopped before sampling"] * len(items)
 
     ns._refusal = lambda item: None
-    ns._checked_buckets = lambda live, replies: Worker.inner._checked_buckets(ns, live, replies)
+    ns._checked_buckets = lambda requests, live, replies: Worker.inner._checked_buckets(
+        ns, requests, live, replies
+    )
     ns._plans = plans
     ns.trim_memory = lambda sentences: None
-    request = WorkRequest(
-        request_id="r", tenant="t", deadline=4e9, items=[item for *_, item in items(100)]
-    )
-    (reply,) = Worker.inner._compute(ns, [request])
-    assert planned == [[512]]
+    (reply,) = Worker.inner._compute(ns, [request(5)])
+    assert planned == [[]]
     assert reply.results == [WorkResult(sampled=False, error="stopped before sampling")]
     ns.closed = True
-    (reply,) = Worker.inner._compute(ns, [request])
+    (reply,) = Worker.inner._compute(ns, [request(5)])
     assert reply.results == [WorkResult(sampled=False, error=CLOSED_ERROR)]
+
+
+def test_a_worker_whose_new_modes_keep_failing_stops_trying_and_refuses(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ns = worker(FixedPasses(8, in_bucket(128), fixed=False))
+
+    def choose(every_bucket: bool, rejected: bool = False) -> str:
+        ns.remodes.append((every_bucket, rejected))
+        ns.encoder = FixedPasses(8, in_bucket(128), fixed=False)
+        ns.later = LaterChecks(ns.encoder, DEFAULT, "after-ready")  # left pending: a bug
+        return "cpu-fixed-batch"
+
+    ns._batch_invariant_encoder = choose
+    with caplog.at_level(logging.ERROR, logger="sentdp.service"):
+        assert checked(ns, request(5)) == ([], [[WorkResult(sampled=False, error=CLOSED_ERROR)]])
+    assert len(ns.remodes) == 3
+    assert ns.closed
+    (event,) = [r.sentdp_fields for r in caplog.records if hasattr(r, "sentdp_fields")]
+    assert event == {"event": "worker_refusing_to_serve", "error": "BucketsLeftPending"}
