@@ -18,6 +18,7 @@ fixed blocks of rows, so their outputs are also independent of batch composition
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -61,28 +62,52 @@ def bucket_probes(
     encoder: Encoder, words: Sequence[str] | None = None, shortest: bool = False
 ) -> dict[int, str]:
     """A public probe for every length bucket of ``encoder``: the longest run of ``words``
-    (the invariance probes' words, repeated) that lands in the bucket, so it fills the bucket
-    or nearly (the last one exactly: the tokenizer cuts the run to it); where no run lands in
-    a bucket (a word of many tokens), the longest run below it followed by full stops. With
-    ``shortest``, the shortest such run instead (a row of the bucket with the most padding).
-    For the buckets that :data:`INVARIANCE_PROBES` do not reach, to check every bucket's
-    kernels on a machine."""
+    (the invariance probes' words, repeated, at most ``2 * max_tokens`` of them) that lands
+    in the bucket, so it fills the bucket or nearly (the last one exactly: the tokenizer
+    cuts the run to it); where no run lands in a bucket (a word of many tokens), the longest
+    run below it followed by full stops. With ``shortest``, the shortest such run instead (a
+    row of the bucket with the most padding). For the buckets that :data:`INVARIANCE_PROBES`
+    do not reach, to check every bucket's kernels on a machine. A run's bucket never falls
+    as it grows, so each bucket's ends are found by bisection: some ten runs tokenized a
+    bucket."""
     pool = list(words or " ".join(INVARIANCE_PROBES).split())
-    runs = [
-        " ".join(pool[i % len(pool)] for i in range(n)) for n in range(1, 2 * encoder.max_tokens)
-    ]
-    longest = dict(zip(encoder.buckets_of(runs), runs, strict=True))
-    probes = dict(reversed(list(zip(encoder.buckets_of(runs), runs, strict=True))))
-    if not shortest:
-        probes = longest
-    for bucket in length_buckets(encoder.max_tokens):
-        if bucket in probes:
+    most = 2 * encoder.max_tokens - 1
+
+    def run(n: int) -> str:
+        return " ".join(pool[i % len(pool)] for i in range(n))
+
+    @functools.cache
+    def bucket(n: int) -> int:
+        return encoder.buckets_of([run(n)])[0]
+
+    def last_within(limit: int) -> int:
+        """The longest run (0: none) whose bucket is at most ``limit``."""
+        low, high = 0, most
+        while low < high:
+            middle = (low + high + 1) // 2
+            if bucket(middle) <= limit:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    probes: dict[int, str] = {}
+    longest: dict[int, str] = {}
+    below = 0
+    for b in length_buckets(encoder.max_tokens):
+        end = last_within(b)
+        if end > below and bucket(end) == b:
+            longest[b] = run(end)
+            probes[b] = run(below + 1) if shortest else run(end)
+        below = end
+    for b in length_buckets(encoder.max_tokens):
+        if b in probes:
             continue
-        below = max((text for b, text in longest.items() if b < bucket), key=len, default="")
-        stops = [f"{below}{' .' * n}".strip() for n in range(1, bucket + 1)]
-        landed = [t for t, b in zip(stops, encoder.buckets_of(stops), strict=True) if b == bucket]
+        lower = max((text for k, text in longest.items() if k < b), key=len, default="")
+        stops = [f"{lower}{' .' * n}".strip() for n in range(1, b + 1)]
+        landed = [t for t, k in zip(stops, encoder.buckets_of(stops), strict=True) if k == b]
         if landed:
-            probes[bucket] = landed[0] if shortest else landed[-1]
+            probes[b] = landed[0] if shortest else landed[-1]
     return dict(sorted(probes.items()))
 
 
@@ -571,17 +596,24 @@ def copies_violations(
     counts: Sequence[int] | None = None,
     first_only: bool = False,
 ) -> list[str]:
-    """Where ``probes`` (of one bucket) move in calls of ``count`` rows that cycle through
-    them, beside one ``beside`` (a sentence of another bucket: two buckets' passes in every
-    call), against each probe alone. The check of one bucket in plain buckets, lean where a
-    row is costly (a bucket of 256 tokens): its passes get the row counts in ``counts``, by
-    default 1, 2, 3, 8, and a full pass then one more row in one call (``batch_size`` + 1):
-    some 50 rows at 32 rows a pass, where the mixed-batch check builds about 200. With
-    ``first_only``, stop after the first call that moves a row."""
+    """Where ``probes`` (of one bucket, the longest first) move in calls of ``count`` rows
+    that cycle through them, then in a call of 8 copies of the last alone (a pass whose rows
+    are all short), each beside one ``beside`` (a sentence of another bucket: two buckets'
+    passes in every call), against each probe alone. The check of one bucket in plain
+    buckets, lean where a row is costly (a bucket of 256 tokens): its passes get the row
+    counts in ``counts``, by default 1, 2, 3, 8, and a full pass then one more row in one
+    call (``batch_size`` + 1): some 60 rows at 32 rows a pass, where the mixed-batch check
+    builds about 200. With ``first_only``, stop after the first call that moves a row."""
     alone = [encoder.encode([probe])[0] for probe in probes]
     found: list[str] = []
-    for count in (1, 2, 3, 8, encoder.batch_size + 1) if counts is None else counts:
-        order = [n % len(probes) for n in range(count)]
+    layouts = [
+        [n % len(probes) for n in range(count)]
+        for count in ((1, 2, 3, 8, encoder.batch_size + 1) if counts is None else counts)
+    ]
+    if len(probes) > 1:
+        layouts.append([len(probes) - 1] * 8)
+    for order in layouts:
+        count = len(order)
         rows = encoder.encode([probes[n] for n in order] + [beside])[:count]
         found += _moved(order, rows, alone, f"batch of {count} rows")
         if found and first_only:

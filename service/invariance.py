@@ -36,8 +36,11 @@ class StartUpCheck:
     each bucket the invariance probes miss, apart (so the first check stays exactly as it
     is), as :class:`LaterChecks` checks it after start-up otherwise."""
 
-    def __init__(self, every_bucket: bool = False) -> None:
+    def __init__(self, every_bucket: bool = False, when: str = "start-up") -> None:
         self.every_bucket = every_bucket
+        self.when = when
+        """Logged with each bucket checked apart: ``later`` when the mode is chosen
+        again after a later check failed."""
         self.buckets: list[int] = []
 
     def __call__(self, encoder: Any) -> list[str]:
@@ -49,7 +52,7 @@ class StartUpCheck:
             return found
         self.buckets = sorted(set(encoder.buckets_of(list(INVARIANCE_PROBES))))
         if self.every_bucket:
-            later = LaterChecks(encoder, self.buckets, "start-up")
+            later = LaterChecks(encoder, self.buckets, self.when)
             moved = later.check(encoder)
             if moved:
                 return moved
@@ -82,7 +85,7 @@ class LaterChecks:
     any batch it checks every bucket still pending, whatever the batch holds: which buckets
     are checked, in what order, with what outcome, and which batches wait for them, depend
     on public probes and on time only, never on what a batch's documents say. ``when``
-    (``start-up`` or ``after-ready``) is logged with each bucket checked."""
+    (``start-up`` or ``later``) is logged with each bucket checked."""
 
     def __init__(self, encoder: Any, covered: Sequence[int], when: str) -> None:
         from sentdp.encoders import bucket_probes
@@ -112,7 +115,7 @@ class LaterChecks:
             if through is not None and bucket > through:
                 break
             started = time.perf_counter()
-            found = bucket_violations(encoder, self._probes[bucket])
+            found = bucket_violations(encoder, self._probes[bucket], bucket <= FULL_PASS_BUCKET)
             if found:
                 return [f"bucket {bucket}: {line}" for line in found]
             with self._lock:
@@ -129,21 +132,29 @@ class LaterChecks:
         return []
 
 
-def bucket_violations(encoder: Any, probes: Sequence[str]) -> list[str]:
+FULL_PASS_BUCKET = 64
+"""The largest bucket whose later check in plain buckets builds a full pass (32 rows): a full
+pass of a larger bucket was two thirds of the checks' time and took the worker's memory to
+a full pass of 256-token sentences (torch: 773 MiB at its peak against 406 MiB; int8 kept
+474 MiB against 215 MiB, measured in one process)."""
+
+
+def bucket_violations(encoder: Any, probes: Sequence[str], full_pass: bool = True) -> list[str]:
     """Where ``probes`` (of one bucket, the longest first) move in calls beside the shortest
     invariance probe, stopping at the first call that moves one. In fixed-shape passes,
-    every count of real rows and position of a pass of the longest
-    (:func:`~sentdp.encoders.fixed_batch_violations`; its filler rows already give each
-    partial pass rows of other lengths, and a second probe cost 1.3-1.4 times as much,
-    measured); else rows cycling through the probes at several row counts
+    every count of real rows and position of a pass, the probes rotated and in full passes
+    of copies (:func:`~sentdp.encoders.fixed_batch_violations`); else rows cycling through
+    the probes at several row counts, and a pass of the shortest alone
     (:func:`~sentdp.encoders.copies_violations`: the mixed-batch check's layouts cost 4-5
-    times as much in a bucket of 256 tokens, measured)."""
+    times as much in a bucket of 256 tokens, measured), a full pass then one row only with
+    ``full_pass``."""
     from sentdp.encoders import INVARIANCE_PROBES, copies_violations, fixed_batch_violations
 
     short = INVARIANCE_PROBES[0]
     if encoder.fixed_batch:
-        return fixed_batch_violations(encoder, (short, probes[0]), first_only=True)
-    return copies_violations(encoder, probes, short, first_only=True)
+        return fixed_batch_violations(encoder, (short, *probes), first_only=True)
+    counts = None if full_pass else (1, 2, 3, 8)
+    return copies_violations(encoder, probes, short, counts, first_only=True)
 
 
 def _violations(encoder: Any, probes: tuple[str, ...], sweep: bool) -> list[str]:
@@ -162,12 +173,15 @@ def invariant_encoder(
     cuda_graphs: bool,
     deterministic: Callable[[], None],
     rejected: bool = False,
+    device: str | None = None,
 ) -> tuple[Any, str]:
     """The encoder to serve with and its mode (``cpu``, ``cuda``, ``cpu-fixed-batch``,
     ``cuda-fixed-batch`` or ``cpu-fallback``); raises when every mode moves a probe. With
     ``rejected``, ``encoder`` already failed a check (a later bucket's): only the
-    fixed-shape modes are tried, afresh, even when ``encoder`` is in one."""
-    device = str(encoder.device)
+    fixed-shape modes are tried, afresh, even when ``encoder`` is in one. ``device``: the
+    one the worker was asked for (by default ``encoder``'s; a CUDA worker whose encoder fell
+    back to the CPU still tries CUDA first when its mode is chosen again)."""
+    device = device or str(encoder.device)
     cuda = device.startswith("cuda")
     kind = "cuda" if cuda else "cpu"
     if not rejected and not check(encoder):

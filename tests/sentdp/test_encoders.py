@@ -401,6 +401,10 @@ def test_bucket_probes_fill_buckets_that_no_run_of_words_lands_in() -> None:
     assert list(probes) == list(CHAR_BUCKETS)
     assert fake.buckets_of(list(probes.values())) == list(CHAR_BUCKETS)
     assert set(probes[8]) <= {".", " "}
+    shortest = bucket_probes(fake, words=["abcdefghijkl"], shortest=True)
+    assert fake.buckets_of(list(shortest.values())) == list(CHAR_BUCKETS)
+    assert (shortest[8], len(probes[8])) == (".", 7)  # the fewest full stops, the most
+    assert (len(shortest[64]), len(probes[64])) == (38, 64)  # 3 and 5 words of 12
 
 
 def test_the_check_of_copies_builds_each_row_count_and_calls_of_two_buckets() -> None:
@@ -426,6 +430,17 @@ def test_the_check_of_copies_builds_each_row_count_and_calls_of_two_buckets() ->
     def beside_another(length: int, rows: list[list[int]], _: int, before: int, earlier: int):  # type: ignore[no-untyped-def]
         return length == 128 and earlier > before
 
+    def alone_beside_another(length: int, rows: list[list[int]], _: int, before: int, earlier: int):  # type: ignore[no-untyped-def]
+        return length == 128 and len(rows) == 1 and before == 0 and earlier > 0
+
+    assert copies_violations(FixedPasses(32, alone_beside_another, False), probe, "Short.")
+
+    def all_short(length: int, rows: list[list[int]], *_: int) -> bool:
+        return length == 128 and len(rows) > 1 and max(len(row) for row in rows) < 100
+
+    two = ["x" * 100, "y" * 70]
+    assert copies_violations(FixedPasses(32, all_short, False), two, "Short.")
+    assert copies_violations(FixedPasses(32, all_short, False), two[:1], "Short.") == []
     assert copies_violations(FixedPasses(32, after_full, False), probe, "Short.")
     assert copies_violations(FixedPasses(32, beside_another, False), probe, "Short.")
     moved = FixedPasses(32, rows_of(2), False)

@@ -265,7 +265,7 @@ def test_later_checks_find_a_fault_in_a_bucket_the_start_up_probes_miss(fixed: b
     planted = FixedPasses(8, _in_bucket(128), fixed)
     start = StartUpCheck()
     assert start(planted) == []  # the default check misses it
-    later = LaterChecks(planted, start.buckets, "after-ready")
+    later = LaterChecks(planted, start.buckets, "later")
     assert later.pending() == [32, 128, 512]
     assert later.check(planted, 64) == []  # 32 only: it passes
     assert (later.pending(), later.checked) == ([128, 512], [32])
@@ -289,11 +289,18 @@ def test_later_checks_give_a_pass_rows_of_different_lengths(fixed: bool) -> None
     def lengths_differ(length: int, rows: list[list[int]], *_: int) -> bool:
         return length == 128 and len({len(row) for row in rows}) > 1
 
-    later = LaterChecks(FixedPasses(8, fixed=fixed), [8, 16, 64, 256], "after-ready")
+    later = LaterChecks(FixedPasses(8, fixed=fixed), [8, 16, 64, 256], "later")
     assert later.check(FixedPasses(8, lengths_differ, fixed))
     if not fixed:  # with its longest probe alone every row of the bucket is one length
         (longest, _), alone = later._probes[128], FixedPasses(8, lengths_differ, fixed)
         assert bucket_violations(alone, (longest,)) == []
+
+    def all_short(length: int, rows: list[list[int]], *_: int) -> bool:
+        """Trims a pass to its longest row: moves one whose rows are all short."""
+        return length == 128 and len(rows) > 1 and max(len(row) for row in rows) < 110
+
+    later = LaterChecks(FixedPasses(8, fixed=fixed), [8, 16, 64, 256], "later")
+    assert later.check(FixedPasses(8, all_short, fixed))
 
 
 def test_later_checks_cover_every_layout_of_their_buckets_in_fixed_shape_passes() -> None:

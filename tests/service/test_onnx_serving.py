@@ -77,7 +77,7 @@ def test_an_int8_bundle_serves_without_torch(int8_tag, tmp_path) -> None:
     (started,) = events(tmp_path, "encoder_buckets_checked")
     assert (started["buckets"], started["later"]) == ([8, 16, 32, 64], LATER)
     checked = events(tmp_path, "encoder_bucket_checked")
-    assert [(e["bucket"], e["when"]) for e in checked] == [(b, "after-ready") for b in LATER]
+    assert [(e["bucket"], e["when"]) for e in checked] == [(b, "later") for b in LATER]
     assert not events(tmp_path, "encoder_bucket_moved")
 
 

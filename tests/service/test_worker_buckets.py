@@ -15,7 +15,7 @@ import pytest
 from service.invariance import LaterChecks, StartUpCheck
 from service.scheduling import ComputeThread, FairGate
 from service.schemas import CLOSED_ERROR, LATE_ERROR, WorkItem, WorkRequest, WorkResult
-from service.worker import LATER_KEY, Worker
+from service.worker import LATER_KEY, Worker, check_limit
 from tests.sentdp.fake_encoders import CHAR_BUCKETS, FixedPasses, real_rows
 
 DEFAULT = [8, 16, 64, 256]  # the fake's buckets the invariance probes reach
@@ -30,14 +30,15 @@ def worker(encoder: Any, remode: Any = None) -> SimpleNamespace:
     """The worker's state and bucket-checking methods around ``encoder``; ``remode`` stands
     for choosing the mode again (every bucket checked, the failed encoder rejected)."""
     ns = SimpleNamespace(encoder=encoder, encoder_mode="cpu", closed=False, remodes=[])
-    ns.later = LaterChecks(encoder, DEFAULT, "after-ready")
+    ns._build_mechanisms = lambda: None
+    ns.later = LaterChecks(encoder, DEFAULT, "later")
 
     def choose(every_bucket: bool, rejected: bool = False) -> str:
         ns.remodes.append((every_bucket, rejected))
         if remode is None:
             raise RuntimeError("the encoder's output depends on its batch")
         ns.encoder = remode
-        ns.later = LaterChecks(remode, list(CHAR_BUCKETS), "after-ready")
+        ns.later = LaterChecks(remode, list(CHAR_BUCKETS), "later")
         return "cpu-fixed-batch"
 
     ns._batch_invariant_encoder = choose
@@ -110,16 +111,22 @@ def test_when_no_mode_passes_the_worker_refuses_every_item_and_is_not_ready(
     assert ns.remodes == [(True, True)]  # no check runs again once closed
 
 
-def test_a_request_whose_deadline_passed_during_the_checks_draws_nothing() -> None:
+def test_a_request_that_waited_too_long_for_the_checks_draws_nothing() -> None:
+    """Past its start deadline (it started in time, then waited for the checks) a request
+    is still encoded, until half the batching goal later: then it draws nothing."""
+
     class Slow(FixedPasses):
         def encode(self, sentences):  # type: ignore[no-untyped-def]
             time.sleep(0.01)
             return super().encode(sentences)
 
     ns = worker(Slow(8))
-    soon, later = request(5, deadline=time.time() + 0.05), request(5)
-    encode, replies = checked(ns, soon, later)
-    assert encode == live(soon, later)[1:]
+    limit = check_limit(request(5, deadline=0.0))  # how far past its start deadline
+    assert limit >= 10
+    soon = request(5, deadline=time.time() - limit + 0.05)
+    started_late = request(5, deadline=time.time() - 1)
+    encode, replies = checked(ns, soon, started_late)
+    assert encode == live(soon, started_late)[1:]
     assert replies[0] == [WorkResult(sampled=False, error=LATE_ERROR)]
 
 
@@ -129,7 +136,7 @@ def test_a_new_mode_that_leaves_buckets_pending_has_them_checked_too() -> None:
     fresh = FixedPasses(8)
 
     def choose(every_bucket: bool, rejected: bool = False) -> str:
-        ns.encoder, ns.later = fresh, LaterChecks(fresh, DEFAULT, "after-ready")
+        ns.encoder, ns.later = fresh, LaterChecks(fresh, DEFAULT, "later")
         return "cpu-fixed-batch"
 
     ns._batch_invariant_encoder = choose
@@ -141,29 +148,81 @@ def test_a_new_mode_that_leaves_buckets_pending_has_them_checked_too() -> None:
 def test_the_real_mode_choice_after_a_fault_rejects_the_encoder_and_checks_every_bucket(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The worker's own re-choice: the failed encoder rejected, every bucket checked (logged
+    as later), the device the worker was asked for, and its mechanisms built again."""
     import service.worker as module
 
-    calls: list[tuple[StartUpCheck, bool]] = []
+    calls: list[tuple[StartUpCheck, bool, str]] = []
     fresh = FixedPasses(8)
 
-    def choose(encoder, reopen, check, graphs, deterministic, rejected):  # type: ignore[no-untyped-def]
-        calls.append((check, rejected))
+    def choose(encoder, reopen, check, graphs, deterministic, rejected, device):  # type: ignore[no-untyped-def]
+        calls.append((check, rejected, device))
         assert check(fresh) == []
         return fresh, "cpu-fixed-batch"
 
     monkeypatch.setattr(module, "invariant_encoder", choose)
     ns = SimpleNamespace(encoder=FixedPasses(8, in_bucket(128), fixed=False), closed=False)
-    ns.encoder_mode, ns._reopen = "cpu", None
+    ns.encoder_mode, ns._reopen, ns.device, ns.built = "cpu", None, "cuda:0", 0
     ns._batch_invariant_encoder = lambda every_bucket, rejected=False: (
         Worker.inner._batch_invariant_encoder(ns, every_bucket, rejected)
     )
     ns._check_later = lambda through: Worker.inner._check_later(ns, through)
-    ns.later = LaterChecks(ns.encoder, DEFAULT, "after-ready")
+    ns._build_mechanisms = lambda: setattr(ns, "built", ns.built + 1)
+    ns.later = LaterChecks(ns.encoder, DEFAULT, "later")
     batch = request(5)
     assert checked(ns, batch)[0] == live(batch)
-    ((check, rejected),) = calls
-    assert (check.every_bucket, rejected) == (True, True)
-    assert (ns.encoder, ns.encoder_mode, ns.later.pending()) == (fresh, "cpu-fixed-batch", [])
+    ((check, rejected, device),) = calls
+    assert (check.every_bucket, check.when, rejected, device) == (
+        True,
+        "later",
+        True,
+        "cuda:0",
+    )
+    assert (ns.encoder, ns.encoder_mode, ns.later.pending(), ns.built) == (
+        fresh,
+        "cpu-fixed-batch",
+        [],
+        1,
+    )
+
+
+@pytest.mark.parametrize("error", [RuntimeError, ValueError, MemoryError])
+def test_a_check_that_raises_closes_the_worker(error: type[Exception]) -> None:
+    class Raises(FixedPasses):
+        def encode(self, sentences):  # type: ignore[no-untyped-def]
+            if any(len(s) > 20 for s in sentences):
+                raise error("out of memory")
+            return super().encode(sentences)
+
+    ns = worker(Raises(8), remode=FixedPasses(8))
+    assert checked(ns, request(5)) == ([], [[WorkResult(sampled=False, error=CLOSED_ERROR)]])
+    assert ns.closed
+    assert ns.remodes == []  # an error is not a moved probe: no mode is chosen again
+
+
+def test_a_closed_worker_checks_nothing_more() -> None:
+    """The checking thread may still hold a bucket to check when a batch closes the worker."""
+    ns = worker(FixedPasses(8))
+    ns.closed = True
+    Worker.inner._check_later(ns, 512)
+    assert (ns.later.pending(), ns.later.checked) == (LATER, [])
+
+
+def test_requests_late_after_the_checks_are_counted_once_each() -> None:
+    from service.metrics import metric
+
+    class Slow(FixedPasses):
+        def encode(self, sentences):  # type: ignore[no-untyped-def]
+            time.sleep(0.01)
+            return super().encode(sentences)
+
+    counter = metric("late_requests")
+    before = counter._value.get()
+    ns = worker(Slow(8))
+    limit = check_limit(request(5, deadline=0.0))
+    soon = [request(5, 5, deadline=time.time() - limit + 0.05) for _ in range(2)]
+    checked(ns, *soon, request(5))
+    assert counter._value.get() - before == 2
 
 
 class CountingGate(FairGate):
@@ -189,7 +248,7 @@ def test_after_start_up_the_pending_buckets_are_checked_one_per_turn_smallest_fi
         for r in caplog.records
         if getattr(r, "sentdp_fields", {}).get("event") == "encoder_bucket_checked"
     ]
-    assert [(e["bucket"], e["when"]) for e in events] == [(b, "after-ready") for b in LATER]
+    assert [(e["bucket"], e["when"]) for e in events] == [(b, "later") for b in LATER]
     assert ns.later.pending() == []
 
 
@@ -232,7 +291,7 @@ def test_a_worker_whose_new_modes_keep_failing_stops_trying_and_refuses(
     def choose(every_bucket: bool, rejected: bool = False) -> str:
         ns.remodes.append((every_bucket, rejected))
         ns.encoder = FixedPasses(8, in_bucket(128), fixed=False)
-        ns.later = LaterChecks(ns.encoder, DEFAULT, "after-ready")  # left pending: a bug
+        ns.later = LaterChecks(ns.encoder, DEFAULT, "later")  # left pending: a bug
         return "cpu-fixed-batch"
 
     ns._batch_invariant_encoder = choose
@@ -242,3 +301,26 @@ def test_a_worker_whose_new_modes_keep_failing_stops_trying_and_refuses(
     assert ns.closed
     (event,) = [r.sentdp_fields for r in caplog.records if hasattr(r, "sentdp_fields")]
     assert event == {"event": "worker_refusing_to_serve", "error": "BucketsLeftPending"}
+
+
+def test_the_worker_is_ready_only_once_every_bucket_has_passed() -> None:
+    """A batch that waits for checks inside the worker teaches BentoML's dispatcher long
+    batch times (it then cancelled queued calls): /readyz waits for the checks instead."""
+    ns = worker(FixedPasses(8))
+    assert Worker.inner.__is_ready__(ns) is False
+    Worker.inner._check_later(ns, 128)
+    assert Worker.inner.__is_ready__(ns) is False  # 512 left
+    Worker.inner._check_later(ns, 512)
+    assert Worker.inner.__is_ready__(ns) is True
+    ns.closed = True
+    assert Worker.inner.__is_ready__(ns) is False
+
+
+def test_plain_buckets_up_to_64_tokens_get_a_full_pass_larger_ones_do_not() -> None:
+    def full(bucket: int):  # type: ignore[no-untyped-def]
+        return lambda length, rows, *_: length == bucket and len(rows) == 32
+
+    for bucket, found in [(32, True), (128, False), (512, False)]:
+        planted = FixedPasses(32, full(bucket), fixed=False)
+        later = LaterChecks(planted, DEFAULT, "later")
+        assert bool(later.check(planted)) is found, bucket
