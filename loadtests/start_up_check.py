@@ -10,10 +10,11 @@ Each is run in full (not stopping at a violation), ``--repeats`` times, alternat
 table gives the encoder passes, the median seconds, how many probe rows moved, and the ratio
 of the fixed-shape check now to before.
 
-With ``--every-bucket``, also each check once for every bucket the worker's probes do not
-reach, on a public probe that fills it (:func:`sentdp.encoders.bucket_probes`): the worker
-does not check those buckets, so this is how to see whether this machine's kernels keep
-their rows apart there too.
+With ``--every-bucket``, also each check once for every bucket the worker's start-up
+probes do not reach, on a public probe that fills it (:func:`sentdp.encoders.bucket_probes`):
+the worker checks those buckets more leanly before it is ready
+(:class:`service.invariance.LaterChecks`), so this is how to see in full whether this
+machine's kernels keep their rows apart there too.
 """
 
 from __future__ import annotations

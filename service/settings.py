@@ -165,8 +165,8 @@ class ServiceSettings(BaseSettings):
     (docs/performance.md)."""
     check_every_bucket: bool = False
     """Where the worker checks the length buckets the invariance probes miss (for
-    all-MiniLM-L6-v2 the buckets of 24, 48 and 96 to 256 tokens), on public probes that fill
-    them: true, inside its start-up (:class:`service.invariance.StartUpCheck`); false, on a
+    all-MiniLM-L6-v2 the buckets of 24, 48 and 96 to 256 tokens), on public probes that land
+    in them: true, inside its start-up (:class:`service.invariance.StartUpCheck`); false, on a
     thread of its own once it has started (:class:`service.invariance.LaterChecks`). Either
     way it is not ready until every bucket has passed, and a batch waits for them before it
     is encoded, whatever it holds. Measured on 2 CPU cores the two cold starts were the same

@@ -53,6 +53,9 @@ BACKLOG = WorkResult(sampled=False, error=BACKLOG_ERROR)
 """The same, for a tenant's own large request that waited behind the tenant's earlier ones."""
 CLOSED = WorkResult(sampled=False, error=CLOSED_ERROR)
 """The answer for every item once no encoder mode passes a later bucket check (nothing drawn)."""
+MODE_CHOICES = 3
+"""How often a worker chooses its mode again after a later bucket check moved a probe,
+before it refuses to serve (each choice checks every bucket, so one should do)."""
 LATER_KEY = ("bucket-checks",)
 """The gate key of the checks of the buckets the start-up probes miss (a tuple: no tenant id,
 whatever the operator names it, can share it)."""
@@ -152,6 +155,7 @@ class Worker:
         self.compute = ComputeThread()  # torch's start-up and every computation: one team
         self.closed = False
         """No encoder mode passed a bucket's check after start-up: every item is refused."""
+        self.rechoices = 0
         self.compute.run(self._open_encoder, settings)
         checks = threading.Thread(target=self._check_buckets, name="sentdp-bucket-checks")
         checks.daemon = True
@@ -255,8 +259,9 @@ class Worker:
     def _check_later(self, through: int) -> None:
         """Check the buckets still pending up to ``through`` (on the compute thread, the gate
         held). Where a probe moves, choose the mode again, this time with every bucket
-        checked (:mod:`service.invariance`); where none passes, or a check cannot run, refuse
-        to serve from then on: :attr:`closed`, and the worker's /readyz says not ready."""
+        checked (:mod:`service.invariance`), at most :data:`MODE_CHOICES` times; where none
+        passes, a probe still moves after that, or a check cannot run, refuse to serve from
+        then on: :attr:`closed`, and the worker's /readyz says not ready."""
         if self.closed:
             return
         try:
@@ -266,6 +271,9 @@ class Worker:
             logs.log_event(
                 "encoder_bucket_moved", logging.WARNING, mode=self.encoder_mode, where=moved[0]
             )
+            if self.rechoices >= MODE_CHOICES:
+                raise RuntimeError("no mode passed after three choices")
+            self.rechoices += 1
             self.encoder_mode = self._batch_invariant_encoder(every_bucket=True, rejected=True)
             self._build_mechanisms()
         except Exception as error:  # its type only: the handlers drop messages
@@ -278,28 +286,24 @@ class Worker:
         live: list[tuple[int, int, WorkItem]],
         replies: list[list[WorkResult]],
     ) -> list[tuple[int, int, WorkItem]]:
-        """Before a batch is encoded: check every bucket still pending, whatever the batch
-        holds (so what it holds never decides which checks run before it, which encoder
-        encodes it, or whether it is refused). The items to encode: those whose request has
-        not waited for the checks past :func:`check_limit` (the others draw nothing:
-        :data:`LATE`), or none, each answered :data:`CLOSED`, once the worker refuses to
-        serve."""
+        """Before a batch is encoded: check every bucket still pending, one at a time,
+        whatever the batch holds (so what it holds never decides which checks run before it,
+        which encoder encodes it, or whether it is refused), until none is left or every
+        request of the batch has waited past :func:`check_limit`. The items to encode: those
+        whose request has not (the others draw nothing: :data:`LATE`), or none, each
+        answered :data:`CLOSED`, once the worker refuses to serve."""
         if not live or (not self.closed and not self.later.pending()):
             return live
-        for _ in range(3):  # a new mode leaves nothing pending; a failed one closes
-            pending = self.later.pending()
-            if self.closed or not pending:
-                break
-            self._check_later(pending[-1])
-        if self.later.pending() and not self.closed:
-            self.closed = True
-            logs.log_event("worker_refusing_to_serve", logging.ERROR, error="BucketsLeftPending")
+        while not self.closed and (pending := self.later.pending()):
+            if all(time.time() > check_limit(requests[r]) for r, _, _ in live):
+                break  # the rest is the checking thread's: these requests draw nothing
+            self._check_later(pending[0])  # one bucket, or a new mode (at most three)
         if self.closed:
             for r, i, _ in live:
                 replies[r][i] = CLOSED
             return []
         now = time.time()
-        late = {r for r, _, _ in live if now > check_limit(requests[r])}
+        late = {r for r, _, _ in live if now > check_limit(requests[r]) or self.later.pending()}
         if late:
             metric("late_requests").inc(len(late))
         for r, i, _ in live:
@@ -454,11 +458,13 @@ class Worker:
 def check_limit(request: WorkRequest) -> float:
     """Until when (Unix seconds) a request that started in time may still be encoded after
     waiting for the bucket checks: half the batching latency goal past its start deadline
-    (by default 30 s after it, 60 s after its arrival; the worker's call times out after
-    twice the goal, 120 s), so that what it draws is not drawn after its answer can no
-    longer arrive. The start deadline alone refused the first request at readiness on a
-    slow machine (the checks took 58 s on 2 cores shared with other work)."""
-    return request.deadline + BOOT.worker_max_latency_ms / 2000
+    (by default 30 s after it, 60 s after its arrival), and at most 1.5 goals after its
+    arrival (the worker's call times out after two, 120 s by default), so that what it
+    draws is not drawn after its answer can no longer arrive. The start deadline alone
+    refused the first request on a slow machine (the checks took 58 s on 2 cores shared
+    with other work)."""
+    goal, start = BOOT.worker_max_latency_ms / 1000, BOOT.worker_start_timeout_ms / 1000
+    return min(request.deadline + goal / 2, request.deadline - start + 1.5 * goal)
 
 
 def mean_mechanisms(

@@ -30,6 +30,7 @@ def worker(encoder: Any, remode: Any = None) -> SimpleNamespace:
     """The worker's state and bucket-checking methods around ``encoder``; ``remode`` stands
     for choosing the mode again (every bucket checked, the failed encoder rejected)."""
     ns = SimpleNamespace(encoder=encoder, encoder_mode="cpu", closed=False, remodes=[])
+    ns.rechoices = 0
     ns._build_mechanisms = lambda: None
     ns.later = LaterChecks(encoder, DEFAULT, "later")
 
@@ -75,7 +76,7 @@ def test_any_batch_waits_for_every_pending_bucket_whatever_it_holds() -> None:
         )
         batch = request(*lengths)
         assert checked(ns, batch)[0] == live(batch)
-        assert (throughs, ns.later.pending(), ns.later.checked) == ([512], [], LATER)
+        assert (throughs, ns.later.pending(), ns.later.checked) == (LATER, [], LATER)
 
 
 def test_a_fault_found_before_a_batch_chooses_the_mode_again_and_the_batch_encodes_with_it() -> (
@@ -162,7 +163,7 @@ def test_the_real_mode_choice_after_a_fault_rejects_the_encoder_and_checks_every
 
     monkeypatch.setattr(module, "invariant_encoder", choose)
     ns = SimpleNamespace(encoder=FixedPasses(8, in_bucket(128), fixed=False), closed=False)
-    ns.encoder_mode, ns._reopen, ns.device, ns.built = "cpu", None, "cuda:0", 0
+    ns.encoder_mode, ns._reopen, ns.device, ns.built, ns.rechoices = "cpu", None, "cuda:0", 0, 0
     ns._batch_invariant_encoder = lambda every_bucket, rejected=False: (
         Worker.inner._batch_invariant_encoder(ns, every_bucket, rejected)
     )
@@ -300,7 +301,33 @@ def test_a_worker_whose_new_modes_keep_failing_stops_trying_and_refuses(
     assert len(ns.remodes) == 3
     assert ns.closed
     (event,) = [r.sentdp_fields for r in caplog.records if hasattr(r, "sentdp_fields")]
-    assert event == {"event": "worker_refusing_to_serve", "error": "BucketsLeftPending"}
+    assert event == {"event": "worker_refusing_to_serve", "error": "RuntimeError"}
+    thread = worker(FixedPasses(8, in_bucket(128), fixed=False))  # the checking thread too
+    thread._batch_invariant_encoder = choose
+    thread.gate, thread.compute = CountingGate(), ComputeThread()
+    ns.remodes.clear()
+    ns.later, ns.encoder, ns.closed, ns.rechoices = thread.later, thread.encoder, False, 0
+    ns.gate, ns.compute = thread.gate, thread.compute
+    Worker.inner._check_buckets(ns)
+    assert (len(ns.remodes), ns.closed) == (3, True)
+
+
+def test_a_batch_whose_requests_all_pass_their_limit_leaves_the_rest_to_the_thread() -> None:
+    """Checked one bucket at a time: once every request of the batch is past its limit the
+    batch stops waiting (its requests draw nothing) and the checks go on in their thread."""
+
+    class Slow(FixedPasses):
+        def encode(self, sentences):  # type: ignore[no-untyped-def]
+            time.sleep(0.05)
+            return super().encode(sentences)
+
+    ns = worker(Slow(8))
+    limit = check_limit(request(5, deadline=0.0))
+    late = request(5, deadline=time.time() - limit + 0.2)
+    encode, replies = checked(ns, late)
+    assert encode == []
+    assert replies == [[WorkResult(sampled=False, error=LATE_ERROR)]]
+    assert ns.later.pending()  # the rest left to the thread
 
 
 def test_the_worker_is_ready_only_once_every_bucket_has_passed() -> None:
@@ -324,3 +351,17 @@ def test_plain_buckets_up_to_64_tokens_get_a_full_pass_larger_ones_do_not() -> N
         planted = FixedPasses(32, full(bucket), fixed=False)
         later = LaterChecks(planted, DEFAULT, "later")
         assert bool(later.check(planted)) is found, bucket
+
+
+def test_the_limit_stays_well_inside_the_workers_call_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Half the goal past the start deadline, but never past 1.5 goals after arrival (the
+    call times out at two): a long start timeout must not let a request draw after that."""
+    import service.worker as module
+
+    monkeypatch.setattr(module.BOOT, "worker_max_latency_ms", 60_000)
+    monkeypatch.setattr(module.BOOT, "worker_start_timeout_ms", 30_000)
+    assert check_limit(request(5, deadline=1_000.0)) == 1_030.0  # arrival 970: 60 s after
+    monkeypatch.setattr(module.BOOT, "worker_start_timeout_ms", 100_000)
+    assert check_limit(request(5, deadline=1_000.0)) == 990.0  # arrival 900: 90 s after
