@@ -81,11 +81,12 @@ class LaterChecks:
     (:func:`sentdp.encoders.bucket_probes`), beside the shortest invariance probe, in the
     encoder's mode (:func:`bucket_violations`), smallest bucket first.
 
-    The worker checks them one per turn at its gate once it is ready, and before it encodes
-    any batch it checks every bucket still pending, whatever the batch holds: which buckets
-    are checked, in what order, with what outcome, and which batches wait for them, depend
-    on public probes and on time only, never on what a batch's documents say. ``when``
-    (``start-up`` or ``later``) is logged with each bucket checked."""
+    The worker checks them one per turn at its gate once it has started, and is ready only
+    when all have passed; a batch that comes earlier checks every bucket still pending before
+    it is encoded, whatever it holds: which buckets are checked, in what order, with what
+    outcome, and which batches wait for them, depend on public probes and on time only,
+    never on what a batch's documents say. ``when`` (``start-up`` or ``later``) is logged
+    with each bucket checked."""
 
     def __init__(self, encoder: Any, covered: Sequence[int], when: str) -> None:
         from sentdp.encoders import bucket_probes
