@@ -62,14 +62,23 @@ def bucket_probes(
     encoder: Encoder, words: Sequence[str] | None = None, shortest: bool = False
 ) -> dict[int, str]:
     """A public probe for every length bucket of ``encoder``: the longest run of ``words``
-    (the invariance probes' words, repeated, at most ``2 * max_tokens`` of them) that lands
-    in the bucket, so it fills the bucket or nearly (the last one exactly: the tokenizer
-    cuts the run to it); where no run lands in a bucket (a word of many tokens), the longest
-    run below it followed by full stops. With ``shortest``, the shortest such run instead (a
-    row of the bucket with the most padding). For the buckets that :data:`INVARIANCE_PROBES`
-    do not reach, to check every bucket's kernels on a machine. A run's bucket never falls
-    as it grows, so each bucket's ends are found by bisection: some ten runs tokenized a
-    bucket."""
+    that lands in it, or with ``shortest`` the shortest (:func:`bucket_probe_pairs`)."""
+    pairs = bucket_probe_pairs(encoder, words)
+    return {bucket: pair[1 if shortest else 0] for bucket, pair in pairs.items()}
+
+
+def bucket_probe_pairs(
+    encoder: Encoder, words: Sequence[str] | None = None
+) -> dict[int, tuple[str, str]]:
+    """Two public probes for every length bucket of ``encoder``: the longest and the
+    shortest run of ``words`` (the invariance probes' words, repeated, at most ``2 *
+    max_tokens`` of them) that land in the bucket. The longest fills the bucket or nearly
+    (the last one exactly: the tokenizer cuts the run to it); the shortest is a row of the
+    bucket with the most padding. Where no run lands in a bucket (a word of many tokens),
+    the longest run below it followed by the most and the fewest full stops that land in
+    it. For the buckets that :data:`INVARIANCE_PROBES` do not reach, to check every
+    bucket's kernels on a machine. A run's bucket never falls as it grows, so each bucket's
+    ends are found by bisection: some ten runs tokenized a bucket."""
     pool = list(words or " ".join(INVARIANCE_PROBES).split())
     most = 2 * encoder.max_tokens - 1
 
@@ -91,24 +100,22 @@ def bucket_probes(
                 high = middle - 1
         return low
 
-    probes: dict[int, str] = {}
-    longest: dict[int, str] = {}
+    pairs: dict[int, tuple[str, str]] = {}
     below = 0
     for b in length_buckets(encoder.max_tokens):
         end = last_within(b)
         if end > below and bucket(end) == b:
-            longest[b] = run(end)
-            probes[b] = run(below + 1) if shortest else run(end)
+            pairs[b] = (run(end), run(below + 1))
         below = end
     for b in length_buckets(encoder.max_tokens):
-        if b in probes:
+        if b in pairs:
             continue
-        lower = max((text for k, text in longest.items() if k < b), key=len, default="")
+        lower = max((pairs[k][0] for k in pairs if k < b), key=len, default="")
         stops = [f"{lower}{' .' * n}".strip() for n in range(1, b + 1)]
         landed = [t for t, k in zip(stops, encoder.buckets_of(stops), strict=True) if k == b]
         if landed:
-            probes[b] = landed[0] if shortest else landed[-1]
-    return dict(sorted(probes.items()))
+            pairs[b] = (landed[-1], landed[0])
+    return dict(sorted(pairs.items()))
 
 
 def length_buckets(max_tokens: int) -> list[int]:

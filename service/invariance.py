@@ -78,7 +78,7 @@ class StartUpCheck:
 class LaterChecks:
     """The length buckets the start-up check's probes did not reach, each checked on two
     public probes that land in it, the longest and the shortest run of words
-    (:func:`sentdp.encoders.bucket_probes`), beside the shortest invariance probe, in the
+    (:func:`sentdp.encoders.bucket_probe_pairs`), beside the shortest invariance probe, in the
     encoder's mode (:func:`bucket_violations`), smallest bucket first.
 
     The worker checks them one per turn at its gate once it has started, and is ready only
@@ -89,14 +89,12 @@ class LaterChecks:
     with each bucket checked."""
 
     def __init__(self, encoder: Any, covered: Sequence[int], when: str) -> None:
-        from sentdp.encoders import bucket_probes
+        from sentdp.encoders import bucket_probe_pairs
 
-        longest = bucket_probes(encoder)
-        shortest = bucket_probes(encoder, shortest=True)
         self._probes = {
-            b: tuple(dict.fromkeys([longest[b], shortest.get(b, longest[b])]))
-            for b in sorted(longest)
-            if b not in set(covered)
+            b: tuple(dict.fromkeys(pair))  # one probe where both runs are the same
+            for b, pair in bucket_probe_pairs(encoder).items()
+            if b not in covered
         }
         self.when = when
         self.checked: list[int] = []
