@@ -18,7 +18,6 @@ e.g. ``SENTDP_ENCODE_BATCH_SIZE``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -27,18 +26,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadtests.bench_service import RssSampler, encoder_mode, load, load_documents, serve
-from tests.support import Server
+from tests.support import Server, log_events
 
 
 def later_checks(server: Server, ready: float) -> str:
     """The buckets the worker's own thread checked after its start-up (its log), their
     seconds, and when the last check ended, in seconds after ``ready`` (Unix time;
     negative: before)."""
-    lines = server.log.read_text(errors="replace").splitlines() if server.log else []
-    events = [json.loads(line) for line in lines if "encoder_bucket_checked" in line]
-    events = [
-        e for e in events if e.get("event") == "encoder_bucket_checked" and e.get("when") == "later"
-    ]
+    logged = log_events(server.log, "encoder_bucket_checked") if server.log else []
+    events = [e for e in logged if e.get("when") == "later"]
     if not events:
         return "no bucket checked by the worker's thread"
     ended = datetime.fromisoformat(events[-1]["time"].replace("Z", "+00:00")).timestamp()

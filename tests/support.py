@@ -284,6 +284,13 @@ def age_pending_keys(ledger: SqlLedger, seconds: float, key: str | None = None) 
         )
 
 
+def log_events(log: Path, name: str) -> list[dict[str, Any]]:
+    """The events called ``name`` in a server's JSON log, in order."""
+    lines = log.read_text(errors="replace").splitlines()
+    found = [json.loads(line) for line in lines if line.startswith("{") and name in line]
+    return [event for event in found if event.get("event") == name]
+
+
 def ledger_files_hold(folder: Path, marker: bytes) -> bool:
     """Whether any of an SQLite ledger's files in ``folder`` (the database, its WAL and
     shared memory) holds ``marker``: what a backup copying them would hold."""

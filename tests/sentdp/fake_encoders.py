@@ -38,6 +38,11 @@ def real_rows(rows: list[list[int]]) -> int:
     return sum(row != FILLER for row in rows)
 
 
+def in_bucket(bucket: int) -> Fault:
+    """A kernel that moves every row of a pass of ``bucket`` holding at least two real rows."""
+    return lambda length, rows, *_: length == bucket and real_rows(rows) >= 2
+
+
 class FixedPasses:
     """An encoder in fixed-shape batches (or, with ``fixed=False``, plain buckets) whose tokens
     are characters (at most 512), run through sentdp's own passes

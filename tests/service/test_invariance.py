@@ -250,19 +250,13 @@ def test_a_rejected_encoder_goes_straight_to_fixed_shape_passes_even_if_it_is_in
         invariant_encoder(FakeEncoder("cpu"), opener, check, True, lambda: None, rejected=True)
 
 
-def _in_bucket(bucket: int):  # type: ignore[no-untyped-def]
-    from tests.sentdp.fake_encoders import real_rows
-
-    return lambda length, rows, *_: length == bucket and real_rows(rows) >= 2
-
-
 @pytest.mark.parametrize("fixed", [True, False])
 def test_later_checks_find_a_fault_in_a_bucket_the_start_up_probes_miss(fixed: bool) -> None:
     """The buckets the default check's probes miss are left to later checks, smallest first;
     a fault in one is found there, and the bucket stays pending."""
-    from tests.sentdp.fake_encoders import FixedPasses
+    from tests.sentdp.fake_encoders import FixedPasses, in_bucket
 
-    planted = FixedPasses(8, _in_bucket(128), fixed)
+    planted = FixedPasses(8, in_bucket(128), fixed)
     start = StartUpCheck()
     assert start(planted) == []  # the default check misses it
     later = LaterChecks(planted, start.buckets, "later")

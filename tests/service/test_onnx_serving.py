@@ -3,13 +3,13 @@ any server process, and refuses to start where the deployment expects another ba
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.support import TENANTS, Server, privatize, write_tenants
+from tests.support import TENANTS, Server, log_events, privatize, write_tenants
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -47,11 +47,9 @@ LATER = [24, 48, 96, 128, 192, 256]
 """all-MiniLM-L6-v2's buckets that the start-up probes miss."""
 
 
-def events(folder: Path, name: str) -> list[dict[str, object]]:
-    """The server log's events called ``name``, in order."""
-    lines = (folder / "server.log").read_text(errors="replace").splitlines()
-    found = [json.loads(line) for line in lines if line.startswith("{") and name in line]
-    return [event for event in found if event.get("event") == name]
+def events(folder: Path, name: str) -> list[dict[str, Any]]:
+    """The events called ``name`` in the log of the server of ``folder``."""
+    return log_events(folder / "server.log", name)
 
 
 def test_an_int8_bundle_serves_without_torch(int8_tag, tmp_path) -> None:

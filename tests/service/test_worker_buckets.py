@@ -16,14 +16,22 @@ from service.invariance import LaterChecks, StartUpCheck
 from service.scheduling import ComputeThread, FairGate
 from service.schemas import CLOSED_ERROR, LATE_ERROR, WorkItem, WorkRequest, WorkResult
 from service.worker import LATER_KEY, Worker, check_limit
-from tests.sentdp.fake_encoders import CHAR_BUCKETS, FixedPasses, real_rows
+from tests.sentdp.fake_encoders import CHAR_BUCKETS, FixedPasses, in_bucket
 
 DEFAULT = [8, 16, 64, 256]  # the fake's buckets the invariance probes reach
 LATER = [32, 128, 512]
 
 
-def in_bucket(bucket: int):  # type: ignore[no-untyped-def]
-    return lambda length, rows, *_: length == bucket and real_rows(rows) >= 2
+class Slow(FixedPasses):
+    """An encoder that takes ``pause`` seconds more for every call."""
+
+    def __init__(self, rows: int, pause: float = 0.01) -> None:
+        super().__init__(rows)
+        self.pause = pause
+
+    def encode(self, sentences):  # type: ignore[no-untyped-def]
+        time.sleep(self.pause)
+        return super().encode(sentences)
 
 
 def worker(encoder: Any, remode: Any = None) -> SimpleNamespace:
@@ -116,11 +124,6 @@ def test_a_request_that_waited_too_long_for_the_checks_draws_nothing() -> None:
     """Past its start deadline (it started in time, then waited for the checks) a request
     is still encoded, until half the batching goal later: then it draws nothing."""
 
-    class Slow(FixedPasses):
-        def encode(self, sentences):  # type: ignore[no-untyped-def]
-            time.sleep(0.01)
-            return super().encode(sentences)
-
     ns = worker(Slow(8))
     limit = check_limit(request(5, deadline=0.0))  # how far past its start deadline
     assert limit >= 10
@@ -211,11 +214,6 @@ def test_a_closed_worker_checks_nothing_more() -> None:
 
 def test_requests_late_after_the_checks_are_counted_once_each() -> None:
     from service.metrics import metric
-
-    class Slow(FixedPasses):
-        def encode(self, sentences):  # type: ignore[no-untyped-def]
-            time.sleep(0.01)
-            return super().encode(sentences)
 
     counter = metric("late_requests")
     before = counter._value.get()
@@ -316,12 +314,7 @@ def test_a_batch_whose_requests_all_pass_their_limit_leaves_the_rest_to_the_thre
     """Checked one bucket at a time: once every request of the batch is past its limit the
     batch stops waiting (its requests draw nothing) and the checks go on in their thread."""
 
-    class Slow(FixedPasses):
-        def encode(self, sentences):  # type: ignore[no-untyped-def]
-            time.sleep(0.05)
-            return super().encode(sentences)
-
-    ns = worker(Slow(8))
+    ns = worker(Slow(8, pause=0.05))
     limit = check_limit(request(5, deadline=0.0))
     late = request(5, deadline=time.time() - limit + 0.2)
     encode, replies = checked(ns, late)
