@@ -19,6 +19,12 @@ from typing import Any
 
 from service import logs
 
+
+class NoInvariantModeError(RuntimeError):
+    """Every mode tried moved a probe: the worker must not serve (not a passing error, so a
+    failed check that ends in it is never tried again)."""
+
+
 Check = Callable[[Any], list[str]]
 """The start-up check on an encoder: where a probe moved (no text), empty when none did."""
 Reopen = Callable[[str, bool], Any]
@@ -206,7 +212,7 @@ def invariant_encoder(
             logs.logger.warning(event, exc_info=True, extra={"sentdp_fields": fields})
     # fail closed: batching would let one sentence move another's embedding
     logs.log_event("encoder_not_batch_invariant", logging.ERROR, device=device)
-    raise RuntimeError(
+    raise NoInvariantModeError(
         "the encoder's output depends on its batch even in fixed-shape batches; "
         "refusing to serve (see the encoder_not_batch_invariant log event)"
     )

@@ -29,7 +29,7 @@ from bentoml.validators import ContentType
 from sentdp.mean_selection import MeanCandidate
 from sentdp.mechanism import DeepCandidate
 from service import logs
-from service.invariance import LaterChecks, StartUpCheck, invariant_encoder
+from service.invariance import LaterChecks, NoInvariantModeError, StartUpCheck, invariant_encoder
 from service.metrics import metric
 from service.scheduling import BATCH_KEY, ComputeThread, FairGate
 from service.schemas import (
@@ -56,6 +56,8 @@ CLOSED = WorkResult(sampled=False, error=CLOSED_ERROR)
 MODE_CHOICES = 3
 """How often a worker chooses its mode again after a later bucket check moved a probe,
 before it refuses to serve (each choice checks every bucket, so one should do)."""
+CHECK_ATTEMPTS = 2
+"""How often a later bucket check that raises is run before the worker refuses to serve."""
 LATER_KEY = ("bucket-checks",)
 """The gate key of the checks of the buckets the start-up probes miss (a tuple: no tenant id,
 whatever the operator names it, can share it)."""
@@ -258,27 +260,44 @@ class Worker:
 
     def _check_later(self, through: int) -> None:
         """Check the buckets still pending up to ``through`` (on the compute thread, the gate
-        held). Where a probe moves, choose the mode again, this time with every bucket
-        checked (:mod:`service.invariance`), at most :data:`MODE_CHOICES` times; where none
-        passes, a probe still moves after that, or a check cannot run, refuse to serve from
-        then on: :attr:`closed`, and the worker's /readyz says not ready."""
-        if self.closed:
-            return
-        try:
-            moved = self.later.check(self.encoder, through)
-            if not moved:
+        held), choosing the mode again where a probe moves (:meth:`_check_once`). A check
+        that raises runs once more (:data:`CHECK_ATTEMPTS`: memory short for a moment need
+        not close the worker); where it raises again, or no mode passes, refuse to serve
+        from then on: :attr:`closed`, and the worker's /readyz says not ready. Nothing is
+        encoded for a request in between: the bucket stays pending."""
+        failure: Exception | None = None
+        for attempt in range(1, CHECK_ATTEMPTS + 1):
+            if self.closed:
                 return
-            logs.log_event(
-                "encoder_bucket_moved", logging.WARNING, mode=self.encoder_mode, where=moved[0]
-            )
-            if self.rechoices >= MODE_CHOICES:
-                raise RuntimeError("no mode passed after three choices")
-            self.rechoices += 1
-            self.encoder_mode = self._batch_invariant_encoder(every_bucket=True, rejected=True)
-            self._build_mechanisms()
-        except Exception as error:  # its type only: the handlers drop messages
-            self.closed = True
-            logs.log_event("worker_refusing_to_serve", logging.ERROR, error=type(error).__name__)
+            try:
+                self._check_once(through)
+                return
+            except NoInvariantModeError as error:
+                failure = error
+                break
+            except Exception as error:  # its type only: the handlers drop messages
+                failure = error
+                if attempt < CHECK_ATTEMPTS:
+                    level, name = logging.WARNING, type(error).__name__
+                    logs.log_event("encoder_bucket_check_failed", level, error=name)
+        self.closed = True
+        logs.log_event("worker_refusing_to_serve", logging.ERROR, error=type(failure).__name__)
+
+    def _check_once(self, through: int) -> None:
+        """Check the buckets still pending up to ``through``; where a probe moves, choose the
+        mode again, this time with every bucket checked (:mod:`service.invariance`), at most
+        :data:`MODE_CHOICES` times (then :class:`~service.invariance.NoInvariantModeError`)."""
+        moved = self.later.check(self.encoder, through)
+        if not moved:
+            return
+        logs.log_event(
+            "encoder_bucket_moved", logging.WARNING, mode=self.encoder_mode, where=moved[0]
+        )
+        if self.rechoices >= MODE_CHOICES:
+            raise NoInvariantModeError("no mode passed after three choices")
+        self.rechoices += 1
+        self.encoder_mode = self._batch_invariant_encoder(every_bucket=True, rejected=True)
+        self._build_mechanisms()
 
     def _checked_buckets(
         self,

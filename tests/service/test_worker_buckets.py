@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from service.invariance import LaterChecks, StartUpCheck
+from service.invariance import LaterChecks, NoInvariantModeError, StartUpCheck
 from service.scheduling import ComputeThread, FairGate
 from service.schemas import CLOSED_ERROR, LATE_ERROR, WorkItem, WorkRequest, WorkResult
 from service.worker import LATER_KEY, Worker, check_limit
@@ -45,13 +45,14 @@ def worker(encoder: Any, remode: Any = None) -> SimpleNamespace:
     def choose(every_bucket: bool, rejected: bool = False) -> str:
         ns.remodes.append((every_bucket, rejected))
         if remode is None:
-            raise RuntimeError("the encoder's output depends on its batch")
+            raise NoInvariantModeError("the encoder's output depends on its batch")
         ns.encoder = remode
         ns.later = LaterChecks(remode, list(CHAR_BUCKETS), "later")
         return "cpu-fixed-batch"
 
     ns._batch_invariant_encoder = choose
     ns._check_later = lambda through: Worker.inner._check_later(ns, through)
+    ns._check_once = lambda through: Worker.inner._check_once(ns, through)
     return ns
 
 
@@ -113,11 +114,15 @@ def test_when_no_mode_passes_the_worker_refuses_every_item_and_is_not_ready(
     assert events["encoder_bucket_moved"].levelno == logging.WARNING
     assert events["encoder_bucket_moved"].sentdp_fields["where"].startswith("bucket 32: probe ")
     refusing = events["worker_refusing_to_serve"]
-    assert (refusing.levelno, refusing.sentdp_fields["error"]) == (logging.ERROR, "RuntimeError")
+    assert (refusing.levelno, refusing.sentdp_fields["error"]) == (
+        logging.ERROR,
+        "NoInvariantModeError",
+    )
     assert "depends on its batch" not in str(refusing.sentdp_fields)
+    assert "encoder_bucket_check_failed" not in events  # no mode passing is not retried
     again = request(5)
     assert checked(ns, again) == ([], [[WorkResult(sampled=False, error=CLOSED_ERROR)]])
-    assert ns.remodes == [(True, True)]  # no check runs again once closed
+    assert ns.remodes == [(True, True)]  # tried once, and no check runs again once closed
 
 
 def test_a_request_that_waited_too_long_for_the_checks_draws_nothing() -> None:
@@ -171,6 +176,7 @@ def test_the_real_mode_choice_after_a_fault_rejects_the_encoder_and_checks_every
         Worker.inner._batch_invariant_encoder(ns, every_bucket, rejected)
     )
     ns._check_later = lambda through: Worker.inner._check_later(ns, through)
+    ns._check_once = lambda through: Worker.inner._check_once(ns, through)
     ns._build_mechanisms = lambda: setattr(ns, "built", ns.built + 1)
     ns.later = LaterChecks(ns.encoder, DEFAULT, "later")
     batch = request(5)
@@ -190,18 +196,61 @@ def test_the_real_mode_choice_after_a_fault_rejects_the_encoder_and_checks_every
     )
 
 
-@pytest.mark.parametrize("error", [RuntimeError, ValueError, MemoryError])
-def test_a_check_that_raises_closes_the_worker(error: type[Exception]) -> None:
-    class Raises(FixedPasses):
-        def encode(self, sentences):  # type: ignore[no-untyped-def]
-            if any(len(s) > 20 for s in sentences):
-                raise error("out of memory")
-            return super().encode(sentences)
+class Raises(FixedPasses):
+    """Raises ``error`` on the first ``times`` calls that hold a row of over 20 characters
+    (one in a bucket the start-up probes miss)."""
 
-    ns = worker(Raises(8), remode=FixedPasses(8))
-    assert checked(ns, request(5)) == ([], [[WorkResult(sampled=False, error=CLOSED_ERROR)]])
+    def __init__(self, rows: int, error: type[Exception], times: int) -> None:
+        super().__init__(rows)
+        self.error, self.times, self.raised = error, times, 0
+
+    def encode(self, sentences):  # type: ignore[no-untyped-def]
+        if self.raised < self.times and any(len(s) > 20 for s in sentences):
+            self.raised += 1
+            raise self.error("out of memory at row 'secret words'")
+        return super().encode(sentences)
+
+
+@pytest.mark.parametrize("error", [RuntimeError, ValueError, MemoryError])
+def test_a_check_that_raises_twice_closes_the_worker(
+    error: type[Exception], caplog: pytest.LogCaptureFixture
+) -> None:
+    encoder = Raises(8, error, times=10)
+    ns = worker(encoder, remode=FixedPasses(8))
+    with caplog.at_level(logging.INFO, logger="sentdp.service"):
+        assert checked(ns, request(5)) == ([], [[WorkResult(sampled=False, error=CLOSED_ERROR)]])
     assert ns.closed
+    assert encoder.raised == 2  # run once more, then no more
     assert ns.remodes == []  # an error is not a moved probe: no mode is chosen again
+    events = [r.sentdp_fields for r in caplog.records if hasattr(r, "sentdp_fields")]
+    name = error.__name__
+    assert events == [
+        {"event": "encoder_bucket_check_failed", "error": name},
+        {"event": "worker_refusing_to_serve", "error": name},
+    ]
+
+
+@pytest.mark.parametrize("error", [RuntimeError, MemoryError])
+def test_a_check_that_raises_once_is_run_again_and_the_worker_serves(
+    error: type[Exception], caplog: pytest.LogCaptureFixture
+) -> None:
+    encoder = Raises(8, error, times=1)
+    ns = worker(encoder, remode=FixedPasses(8))
+    batch = request(5)
+    with caplog.at_level(logging.INFO, logger="sentdp.service"):
+        assert checked(ns, batch) == (live(batch), [[None]])
+    assert (encoder.raised, ns.closed, ns.remodes) == (1, False, [])
+    assert (ns.later.pending(), ns.later.checked) == ([], LATER)
+    assert Worker.inner.__is_ready__(ns) is True
+    failed = [
+        r
+        for r in caplog.records
+        if getattr(r, "sentdp_fields", {}).get("event") == ("encoder_bucket_check_failed")
+    ]
+    assert [(r.levelno, r.sentdp_fields) for r in failed] == [
+        (logging.WARNING, {"event": "encoder_bucket_check_failed", "error": error.__name__})
+    ]
+    assert "secret" not in caplog.text
 
 
 def test_a_closed_worker_checks_nothing_more() -> None:
@@ -299,7 +348,7 @@ def test_a_worker_whose_new_modes_keep_failing_stops_trying_and_refuses(
     assert len(ns.remodes) == 3
     assert ns.closed
     (event,) = [r.sentdp_fields for r in caplog.records if hasattr(r, "sentdp_fields")]
-    assert event == {"event": "worker_refusing_to_serve", "error": "RuntimeError"}
+    assert event == {"event": "worker_refusing_to_serve", "error": "NoInvariantModeError"}
     thread = worker(FixedPasses(8, in_bucket(128), fixed=False))  # the checking thread too
     thread._batch_invariant_encoder = choose
     thread.gate, thread.compute = CountingGate(), ComputeThread()
