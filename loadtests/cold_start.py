@@ -11,8 +11,11 @@ then BBC News test documents (16 at concurrency 4 by default; 160 at 32 is the f
 request's seconds, the sentences/s, the peak resident memory of all server processes
 (sampled every 0.5 s), and the checks of the buckets the start-up probes miss that the
 worker's own thread ran (``encoder_bucket_checked``): how many, their seconds, and when the
-last ended, counted from readiness. Other settings come from the environment,
-e.g. ``SENTDP_ENCODE_BATCH_SIZE``.
+last ended, counted from readiness. Then where the cold start went, from the server's log:
+the time from launch to the worker's start (processes, imports), each phase of the worker's
+start (``worker_start_phases``), the later checks, the gateway's warm-up of the batching
+dispatcher (``worker_dispatcher_warmed``) and the rest (readiness polling). Other settings
+come from the environment, e.g. ``SENTDP_ENCODE_BATCH_SIZE``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,39 @@ def later_checks(server: Server, ready: float) -> str:
         f"{len(events)} buckets checked by the worker's thread in {spent:.2f} s, the last "
         f"ending {ended - ready:.1f} s after ready"
     )
+
+
+LOG_FIELDS = {"time", "level", "logger", "component", "event"}
+"""The fields of every log line; an event's own fields are the others."""
+
+
+def _epoch(event: dict[str, object]) -> float:
+    return datetime.fromisoformat(str(event["time"]).replace("Z", "+00:00")).timestamp()
+
+
+def start_breakdown(server: Server, ready: float) -> str:
+    """Where the cold start went, in seconds, from the server's log: launch to the worker's
+    start, each phase of it, the checks of the worker's thread, the dispatcher's warm-up,
+    and the rest until ``ready`` (Unix time). Log times have millisecond resolution."""
+    if server.log is None:
+        return "no server log"
+    phases = log_events(server.log, "worker_start_phases")
+    if not phases:
+        return "no worker_start_phases in the log"
+    seconds = {k: float(v) for k, v in phases[-1].items() if k not in LOG_FIELDS}
+    launched = ready - server.cold_start_seconds
+    before = _epoch(phases[-1]) - sum(seconds.values()) - launched
+    later = [
+        e for e in log_events(server.log, "encoder_bucket_checked") if e.get("when") == "later"
+    ]
+    checks = sum(float(e["seconds"]) for e in later)
+    warmed = log_events(server.log, "worker_dispatcher_warmed")
+    warm_up = float(warmed[-1]["seconds"]) if warmed else 0.0
+    rest = server.cold_start_seconds - before - sum(seconds.values()) - checks - warm_up
+    parts = [f"launch to worker start {before:.2f}"]
+    parts += [f"{name} {value:.2f}" for name, value in seconds.items()]
+    parts += [f"later checks {checks:.2f}", f"dispatcher warm-up {warm_up:.2f}", f"rest {rest:.2f}"]
+    return "cold start, seconds: " + ", ".join(parts)
 
 
 def main() -> None:
@@ -84,7 +120,7 @@ def main() -> None:
                     f"{args.documents} documents at concurrency {args.concurrency}: "
                     f"{result['sentences_per_s']:.1f} sentences/s, {result['failures']} "
                     f"failed, peak RSS {sampler.peak / 2**20:.0f} MiB; "
-                    f"{later_checks(server, ready)}",
+                    f"{later_checks(server, ready)}\n  {start_breakdown(server, ready)}",
                     flush=True,
                 )
 

@@ -21,8 +21,8 @@ from service import logs
 
 
 class NoInvariantModeError(RuntimeError):
-    """Every mode tried moved a probe: the worker must not serve (not a passing error, so a
-    failed check that ends in it is never tried again)."""
+    """Every mode tried moved a probe or failed to open or check, or the worker chose its
+    mode too often: it must not serve."""
 
 
 Check = Callable[[Any], list[str]]

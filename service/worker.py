@@ -70,6 +70,21 @@ WORKER_CALLERS = 64
 calls first come, first served before they reach the gate that lets tenants take turns."""
 
 
+class StartPhases:
+    """Seconds of each phase of a worker's start, for its log (``worker_start_phases``): where
+    a cold start goes, without a profiler."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def end(self, phase: str) -> None:
+        """``phase`` ended now: it took the time since the previous one ended."""
+        now = time.perf_counter()
+        self.seconds[phase] = round(now - self._last, 3)
+        self._last = now
+
+
 class MemoryTrim:
     """Hands the heap's free pages back to the system after a computation, at most once per
     ``interval`` seconds. Batches run on whichever of the worker's threads holds the gate,
@@ -145,7 +160,9 @@ class Worker:
         settings = load_settings()
         stored = self.bundle_model
         self.version = str(stored.tag)
+        self.phases = StartPhases()
         self.bundle = Bundle.load(Path(stored.path))
+        self.phases.end("bundle")
         self.bundle.check_encoder(settings.encoder_backend)
         self.variants = {v.record.name: v for v in self.bundle.variants}
         self.journal = settings.sample_journal
@@ -159,6 +176,7 @@ class Worker:
         """No encoder mode passed a bucket's check after start-up: every item is refused."""
         self.rechoices = 0
         self.compute.run(self._open_encoder, settings)
+        logs.log_event("worker_start_phases", logging.INFO, **self.phases.seconds)
         checks = threading.Thread(target=self._check_buckets, name="sentdp-bucket-checks")
         checks.daemon = True
         checks.start()
@@ -183,6 +201,7 @@ class Worker:
 
             torch.set_num_threads(settings.worker_threads)
             device = pick_device(settings.device)
+            self.phases.end("torch_import")
         self.device = device
         self.encoder = open_encoder(
             self.bundle.encoder_dir,
@@ -194,10 +213,14 @@ class Worker:
             onnx_threading=settings.encoder_threading,
         )
         self.bundle.check_opened_encoder(self.encoder)
+        self.phases.end("encoder_open")
         self.encoder_mode = self._batch_invariant_encoder(settings.check_every_bucket)
+        self.phases.end("start_up_check")
         self._build_mechanisms()
         self.means = mean_mechanisms(self.bundle, settings.max_sentences)
+        self.phases.end("mechanisms")
         self.encoder.encode(["Warm up the encoder."])
+        self.phases.end("warm_up")
 
     # Routes under /worker/: BentoML's request metrics of the worker and the gateway share
     # one /metrics, and the gateway's public /privatize must not be counted with these.
@@ -260,44 +283,45 @@ class Worker:
 
     def _check_later(self, through: int) -> None:
         """Check the buckets still pending up to ``through`` (on the compute thread, the gate
-        held), choosing the mode again where a probe moves (:meth:`_check_once`). A check
-        that raises runs once more (:data:`CHECK_ATTEMPTS`: memory short for a moment need
-        not close the worker); where it raises again, or no mode passes, refuse to serve
-        from then on: :attr:`closed`, and the worker's /readyz says not ready. Nothing is
-        encoded for a request in between: the bucket stays pending."""
-        failure: Exception | None = None
+        held), choosing the mode again where a probe moves (:meth:`_choose_mode_again`). A
+        bucket's check that raises runs once more (:data:`CHECK_ATTEMPTS`: memory short for a
+        moment need not close the worker; the bucket stays pending in between, so nothing is
+        encoded). Where it raises again, no mode passes, or choosing one raises, refuse to
+        serve from then on: :attr:`closed`, and the worker's /readyz says not ready."""
         for attempt in range(1, CHECK_ATTEMPTS + 1):
             if self.closed:
                 return
             try:
-                self._check_once(through)
-                return
-            except NoInvariantModeError as error:
-                failure = error
-                break
+                moved = self.later.check(self.encoder, through)
             except Exception as error:  # its type only: the handlers drop messages
-                failure = error
-                if attempt < CHECK_ATTEMPTS:
-                    level, name = logging.WARNING, type(error).__name__
-                    logs.log_event("encoder_bucket_check_failed", level, error=name)
-        self.closed = True
-        logs.log_event("worker_refusing_to_serve", logging.ERROR, error=type(failure).__name__)
-
-    def _check_once(self, through: int) -> None:
-        """Check the buckets still pending up to ``through``; where a probe moves, choose the
-        mode again, this time with every bucket checked (:mod:`service.invariance`), at most
-        :data:`MODE_CHOICES` times (then :class:`~service.invariance.NoInvariantModeError`)."""
-        moved = self.later.check(self.encoder, through)
-        if not moved:
+                failure = type(error).__name__  # not the error: its frames hold the call's memory
+                if attempt == CHECK_ATTEMPTS:
+                    self._close(failure)
+                    return
+                logs.log_event("encoder_bucket_check_failed", logging.WARNING, error=failure)
+                continue
+            if moved:
+                try:
+                    self._choose_mode_again(moved[0])
+                except Exception as error:  # never run again: it may have changed half the state
+                    self._close(type(error).__name__)
             return
-        logs.log_event(
-            "encoder_bucket_moved", logging.WARNING, mode=self.encoder_mode, where=moved[0]
-        )
+
+    def _choose_mode_again(self, where: str) -> None:
+        """After a probe moved (``where``: no text): choose the mode again, with every bucket
+        checked (:mod:`service.invariance`), and build the mechanisms again, at most
+        :data:`MODE_CHOICES` times (then :class:`~service.invariance.NoInvariantModeError`)."""
+        logs.log_event("encoder_bucket_moved", logging.WARNING, mode=self.encoder_mode, where=where)
         if self.rechoices >= MODE_CHOICES:
             raise NoInvariantModeError("no mode passed after three choices")
         self.rechoices += 1
         self.encoder_mode = self._batch_invariant_encoder(every_bucket=True, rejected=True)
         self._build_mechanisms()
+
+    def _close(self, error: str) -> None:
+        """Refuse every item from now on (logged with the error's type)."""
+        self.closed = True
+        logs.log_event("worker_refusing_to_serve", logging.ERROR, error=error)
 
     def _checked_buckets(
         self,

@@ -77,6 +77,12 @@ def test_an_int8_bundle_serves_without_torch(int8_tag, tmp_path) -> None:
     checked = events(tmp_path, "encoder_bucket_checked")
     assert [(e["bucket"], e["when"]) for e in checked] == [(b, "later") for b in LATER]
     assert not events(tmp_path, "encoder_bucket_moved")
+    (phases,) = events(tmp_path, "worker_start_phases")  # no torch_import: ONNX only
+    fields = {"time", "level", "logger", "component", "event"}
+    seconds = {k: v for k, v in phases.items() if k not in fields}
+    assert list(seconds) == ["bundle", "encoder_open", "start_up_check", "mechanisms", "warm_up"]
+    assert all(isinstance(v, float) and v >= 0 for v in seconds.values())
+    assert seconds["start_up_check"] > 0.05  # a real check encodes some hundred rows
 
 
 def test_a_deployment_expecting_torch_refuses_the_int8_bundle(int8_tag, tmp_path) -> None:

@@ -52,7 +52,8 @@ def worker(encoder: Any, remode: Any = None) -> SimpleNamespace:
 
     ns._batch_invariant_encoder = choose
     ns._check_later = lambda through: Worker.inner._check_later(ns, through)
-    ns._check_once = lambda through: Worker.inner._check_once(ns, through)
+    ns._choose_mode_again = lambda where: Worker.inner._choose_mode_again(ns, where)
+    ns._close = lambda error: Worker.inner._close(ns, error)
     return ns
 
 
@@ -176,7 +177,8 @@ def test_the_real_mode_choice_after_a_fault_rejects_the_encoder_and_checks_every
         Worker.inner._batch_invariant_encoder(ns, every_bucket, rejected)
     )
     ns._check_later = lambda through: Worker.inner._check_later(ns, through)
-    ns._check_once = lambda through: Worker.inner._check_once(ns, through)
+    ns._choose_mode_again = lambda where: Worker.inner._choose_mode_again(ns, where)
+    ns._close = lambda error: Worker.inner._close(ns, error)
     ns._build_mechanisms = lambda: setattr(ns, "built", ns.built + 1)
     ns.later = LaterChecks(ns.encoder, DEFAULT, "later")
     batch = request(5)
@@ -197,17 +199,17 @@ def test_the_real_mode_choice_after_a_fault_rejects_the_encoder_and_checks_every
 
 
 class Raises(FixedPasses):
-    """Raises ``error`` on the first ``times`` calls that hold a row of over 20 characters
-    (one in a bucket the start-up probes miss)."""
+    """Raises ``errors`` in turn on the first calls that hold a row of over 20 characters
+    (one in a bucket the start-up probes miss), then encodes."""
 
-    def __init__(self, rows: int, error: type[Exception], times: int) -> None:
+    def __init__(self, rows: int, *errors: type[Exception]) -> None:
         super().__init__(rows)
-        self.error, self.times, self.raised = error, times, 0
+        self.errors, self.raised = errors, 0
 
     def encode(self, sentences):  # type: ignore[no-untyped-def]
-        if self.raised < self.times and any(len(s) > 20 for s in sentences):
+        if self.raised < len(self.errors) and any(len(s) > 20 for s in sentences):
             self.raised += 1
-            raise self.error("out of memory at row 'secret words'")
+            raise self.errors[self.raised - 1]("out of memory at row 'secret words'")
         return super().encode(sentences)
 
 
@@ -215,7 +217,7 @@ class Raises(FixedPasses):
 def test_a_check_that_raises_twice_closes_the_worker(
     error: type[Exception], caplog: pytest.LogCaptureFixture
 ) -> None:
-    encoder = Raises(8, error, times=10)
+    encoder = Raises(8, error, KeyError, *[error] * 8)
     ns = worker(encoder, remode=FixedPasses(8))
     with caplog.at_level(logging.INFO, logger="sentdp.service"):
         assert checked(ns, request(5)) == ([], [[WorkResult(sampled=False, error=CLOSED_ERROR)]])
@@ -223,18 +225,45 @@ def test_a_check_that_raises_twice_closes_the_worker(
     assert encoder.raised == 2  # run once more, then no more
     assert ns.remodes == []  # an error is not a moved probe: no mode is chosen again
     events = [r.sentdp_fields for r in caplog.records if hasattr(r, "sentdp_fields")]
-    name = error.__name__
     assert events == [
-        {"event": "encoder_bucket_check_failed", "error": name},
-        {"event": "worker_refusing_to_serve", "error": name},
+        {"event": "encoder_bucket_check_failed", "error": error.__name__},
+        {"event": "worker_refusing_to_serve", "error": "KeyError"},
     ]
+    assert "secret" not in caplog.text
+    assert Worker.inner.__is_ready__(ns) is False
+    Worker.inner._check_later(ns, 512)  # nothing runs again once closed
+    assert encoder.raised == 2
 
 
-@pytest.mark.parametrize("error", [RuntimeError, MemoryError])
+def test_a_new_mode_whose_mechanisms_fail_to_build_closes_the_worker_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Choosing a mode again changes the encoder, its checks and the mechanisms in turn: an
+    error half-way is never run again (the retry would find nothing pending and serve with
+    the old mechanisms)."""
+    ns = worker(FixedPasses(8, in_bucket(32), fixed=False), remode=FixedPasses(8))
+    builds: list[int] = []
+
+    def build() -> None:
+        builds.append(1)
+        if len(builds) == 1:
+            raise MemoryError("no room for the depth index")
+
+    ns._build_mechanisms = build
+    with caplog.at_level(logging.INFO, logger="sentdp.service"):
+        assert checked(ns, request(5)) == ([], [[WorkResult(sampled=False, error=CLOSED_ERROR)]])
+    assert (ns.closed, len(ns.remodes), len(builds)) == (True, 1, 1)
+    events = [r.sentdp_fields["event"] for r in caplog.records if hasattr(r, "sentdp_fields")]
+    assert "encoder_bucket_check_failed" not in events
+    assert events[-1] == "worker_refusing_to_serve"
+    assert Worker.inner.__is_ready__(ns) is False
+
+
+@pytest.mark.parametrize("error", [RuntimeError, ValueError, MemoryError])
 def test_a_check_that_raises_once_is_run_again_and_the_worker_serves(
     error: type[Exception], caplog: pytest.LogCaptureFixture
 ) -> None:
-    encoder = Raises(8, error, times=1)
+    encoder = Raises(8, error)
     ns = worker(encoder, remode=FixedPasses(8))
     batch = request(5)
     with caplog.at_level(logging.INFO, logger="sentdp.service"):
@@ -298,6 +327,15 @@ def test_after_start_up_the_pending_buckets_are_checked_one_per_turn_smallest_fi
     ]
     assert [(e["bucket"], e["when"]) for e in events] == [(b, "later") for b in LATER]
     assert ns.later.pending() == []
+
+
+def test_the_checking_thread_runs_a_check_that_raised_once_again_in_the_same_turn() -> None:
+    encoder = Raises(8, MemoryError)
+    ns = worker(encoder)
+    ns.gate, ns.compute = CountingGate(), ComputeThread()
+    Worker.inner._check_buckets(ns)
+    assert (encoder.raised, ns.closed, ns.later.checked) == (1, False, LATER)
+    assert ns.gate.keys == [LATER_KEY] * 3
 
 
 def test_the_checking_thread_stops_once_the_worker_refuses_to_serve() -> None:
