@@ -13,7 +13,8 @@ request's seconds, the sentences/s, the peak resident memory of all server proce
 worker's own thread ran (``encoder_bucket_checked``): how many, their seconds, and when the
 last ended, counted from readiness. Then where the cold start went, from the server's log:
 the time from launch to the worker's start (processes, imports), each phase of the worker's
-start (``worker_start_phases``), the later checks, the gateway's warm-up of the batching
+start (``worker_start_phases``; with several worker processes, the last to start), the later
+checks (from then to the last check logged), the gateway's warm-up of the batching
 dispatcher (``worker_dispatcher_warmed``) and the rest (readiness polling). Other settings
 come from the environment, e.g. ``SENTDP_ENCODE_BATCH_SIZE``.
 """
@@ -71,11 +72,15 @@ def start_breakdown(server: Server, ready: float) -> str:
     later = [
         e for e in log_events(server.log, "encoder_bucket_checked") if e.get("when") == "later"
     ]
-    checks = sum(float(e["seconds"]) for e in later)
+    # from the last worker's start to the last check: with several worker processes their
+    # checks overlap, so their seconds do not add up to the wall time they took
+    checks = max(0.0, _epoch(later[-1]) - _epoch(phases[-1])) if later else 0.0
     warmed = log_events(server.log, "worker_dispatcher_warmed")
     warm_up = float(warmed[-1]["seconds"]) if warmed else 0.0
     rest = server.cold_start_seconds - before - sum(seconds.values()) - checks - warm_up
     parts = [f"launch to worker start {before:.2f}"]
+    if len(phases) > 1:
+        parts[0] += f" (the last of {len(phases)} worker processes)"
     parts += [f"{name} {value:.2f}" for name, value in seconds.items()]
     parts += [f"later checks {checks:.2f}", f"dispatcher warm-up {warm_up:.2f}", f"rest {rest:.2f}"]
     return "cold start, seconds: " + ", ".join(parts)
