@@ -85,7 +85,7 @@ def main() -> None:
         if bundle.encoder_backend == "torch":
             import torch
 
-            torch.set_num_threads(settings.worker_threads)
+            torch.set_num_threads(settings.encoder_threads())
 
         def opened(rows: int, fixed: bool, bundle: Any = bundle) -> Any:
             encoder = open_encoder(
@@ -94,7 +94,7 @@ def main() -> None:
                 "cpu",
                 rows,
                 fixed_batch=fixed,
-                threads=settings.worker_threads,
+                threads=settings.encoder_threads(),
                 onnx_threading=settings.encoder_threading,
             )
             encoder.encode(["Warm up the encoder."])

@@ -124,7 +124,9 @@ class ServiceSettings(BaseSettings):
     """On CUDA, replay each bucket's fixed-shape pass as a captured CUDA graph (False: eager
     passes, measured bit-identical on an H100). The worker falls back to eager passes by
     itself when capturing or checking the graphs fails."""
-    worker_threads: int = Field(default=2, ge=1)
+    worker_threads: int | None = Field(default=None, ge=1)
+    """Threads of each worker process's encoder (torch or ONNX Runtime); unset:
+    :meth:`encoder_threads`."""
     encoder_backend: Literal["torch", "onnx", "onnx-int8"] | None = None
     """The encoder backend this deployment expects (torch, onnx, onnx-int8); the worker
     refuses a bundle trained with another. Unset: whichever the bundle was trained with."""
@@ -217,6 +219,19 @@ class ServiceSettings(BaseSettings):
         if self.worker_processes is not None:
             return self.worker_processes
         return default_worker_processes(cpus) if self.names_a_gpu else 1
+
+    def encoder_threads(self, cpus: int | None = None) -> int:
+        """Threads of each worker's encoder: ``SENTDP_WORKER_THREADS``, else 2 where each
+        worker process has two cores of its own, else what the cores allow (at least 1).
+        Worker processes whose threads outnumber the cores wait on each other at every
+        parallel region: two torch workers of 2 threads each on 2 cores took 17.3 s for the
+        start-up check that one took in 2.1 s, and served 20.5 sentences/s against 155
+        (docs/performance.md, "Worker threads sized to the cores"). More than 2 per worker
+        is not measured: set it on a larger CPU machine."""
+        if self.worker_threads is not None:
+            return self.worker_threads
+        cpus = usable_cpus() if cpus is None else cpus
+        return max(1, min(2, cpus // self.worker_count(cpus)))
 
     def encoder_rows(self, device: str) -> int:
         """Rows per encoder pass on ``device`` (a torch device name, or "cpu")."""

@@ -199,7 +199,7 @@ class Worker:
         if self.bundle.encoder_backend == "torch":  # ONNX bundles never import torch
             import torch
 
-            torch.set_num_threads(settings.worker_threads)
+            torch.set_num_threads(settings.encoder_threads())
             device = pick_device(settings.device)
             self.phases.end("torch_import")
         self.device = device
@@ -208,7 +208,7 @@ class Worker:
             self.bundle.encoder_backend,
             device,
             settings.encoder_rows(device),
-            threads=settings.worker_threads,
+            threads=settings.encoder_threads(),
             spin_between_runs=settings.encoder_spin_between_runs,
             onnx_threading=settings.encoder_threading,
         )
@@ -366,7 +366,7 @@ class Worker:
             device,
             settings.fixed_batch_rows(device),
             fixed_batch=True,
-            threads=settings.worker_threads,
+            threads=settings.encoder_threads(),
             cuda_graphs=cuda_graphs,
             spin_between_runs=settings.encoder_spin_between_runs,
             onnx_threading=settings.encoder_threading,

@@ -206,3 +206,27 @@ def test_a_bad_setting_that_others_default_from_is_the_only_error(
         "a SENTDP_* setting is not valid: SENTDP_ALLOW_EPHEMERAL_STATE: Input should be a valid "
         "boolean, unable to interpret input"
     )
+
+
+@pytest.mark.parametrize(
+    ("variables", "cpus", "threads"),
+    [
+        ({}, 2, 2),  # one CPU worker on this project's 2 cores: the measured default
+        ({}, 1, 1),  # a container limited to one core (docker run --cpus 1)
+        ({"SENTDP_WORKER_PROCESSES": "2"}, 2, 1),  # two workers on 2 cores: a core each
+        ({"SENTDP_WORKER_PROCESSES": "3"}, 2, 1),  # at least one
+        ({}, 16, 2),  # more than 2 a worker is not measured: not the default
+        ({"SENTDP_WORKER_GPUS": "1"}, 16, 2),  # four GPU workers on 16 cores
+        ({"SENTDP_WORKER_GPUS": "1"}, 4, 2),  # one GPU worker on 4 cores
+        ({"SENTDP_WORKER_PROCESSES": "2", "SENTDP_WORKER_THREADS": "4"}, 2, 4),  # as asked
+    ],
+)
+def test_encoder_threads_never_outnumber_the_cores_unless_asked(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], cpus: int, threads: int
+) -> None:
+    for name in ("SENTDP_DEVICE", "SENTDP_WORKER_GPUS", "SENTDP_WORKER_PROCESSES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("SENTDP_WORKER_THREADS", raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert ServiceSettings().encoder_threads(cpus) == threads
