@@ -55,6 +55,7 @@ from service.metrics import metric
 from service.scheduling import FairExecutor, TenantChecks, TenantLoad, TurnRefusedError, in_turn
 from service.schemas import (
     BACKLOG_ERROR,
+    CLOSED_ERROR,
     DocumentIn,
     PrivateDocument,
     PrivatizeResponse,
@@ -265,6 +266,10 @@ class Charging:
         self.splitter = SentenceSplitter()
         self.slack = {v.record.name: privacy_slack(v.record.candidates) for v in bundle.variants}
         self.vote_slack = 0.0 if bundle.vote is None else vote_slack(bundle.vote.classes)
+        self.worker_closed = False
+        """A worker process answered that it refuses to serve (its encoder failed a later
+        batch-invariance check): the gateway says not ready from then on. Its own probe of
+        the worker reaches one of several worker processes, not necessarily that one."""
 
     async def handle(self, request: ChargedRequest) -> Reply:
         """Run one request to its reply; every refusal becomes an error reply."""
@@ -628,6 +633,9 @@ class Charging:
         refunded = [r for r in results if not r.sampled]
         if refunded:
             metric("refunds").labels(refunded[0].error or "worker").inc(len(refunded))
+        if not self.worker_closed and any(r.error == CLOSED_ERROR for r in refunded):
+            self.worker_closed = True
+            log_event("gateway_not_ready_worker_refusing", logging.ERROR)
         return results
 
     def _reply(

@@ -229,7 +229,10 @@ class Gateway:
         """Ready once the worker answers its own /readyz and, after each worker start seen,
         its batching dispatcher is warmed (at most ``WARM_UP_SECONDS`` of
         :mod:`service.worker_client` more); a worker that is still starting (or gone) makes
-        /readyz answer 503 within READY_PROBE_SECONDS, never hang."""
+        /readyz answer 503 within READY_PROBE_SECONDS, never hang. Never ready again once a
+        worker process answered that it refuses to serve (``Charging.worker_closed``)."""
+        if self.charging.worker_closed:  # a worker process refuses to serve, for good
+            return False
         probe = getattr(self.worker, "is_ready", None)
         if probe is None:  # the worker runs in this process
             return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import threading
 import time
@@ -24,7 +25,7 @@ from service.errors import UNEXPECTED_FAILURE, ApiError
 from service.idempotency import BodySigner
 from service.ledger import SqlLedger, open_ledger
 from service.scheduling import TenantChecks
-from service.schemas import DocumentIn, WorkRequest
+from service.schemas import CLOSED_ERROR, LATE_ERROR, DocumentIn, WorkRequest, WorkResult
 from service.tenants import Tenant
 from service.validation import Limits
 from service.views import label_of
@@ -845,6 +846,29 @@ def test_a_request_that_cannot_start_in_time_is_refunded(ledger: SqlLedger) -> N
     assert "deadline" in body["error"]["message"]
     assert states(ledger) == ["refunded"]
     assert inner.journal == []
+
+
+def test_a_worker_that_refuses_to_serve_is_refunded_and_marks_the_gateway_not_ready(
+    ledger: SqlLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    late: list[str] = [LATE_ERROR]
+
+    async def worker(work):  # type: ignore[no-untyped-def]
+        return [WorkResult(sampled=False, error=late[0])] * len(work.items)
+
+    flow = charging(ledger, worker)  # type: ignore[arg-type]
+    reply, _ = run(flow, request())
+    assert (reply.status, flow.worker_closed) == (503, False)  # late is not closed
+    late[0] = CLOSED_ERROR
+    with caplog.at_level(logging.INFO, logger="sentdp.service"):
+        for _ in range(2):
+            reply, body = run(flow, request())
+            assert reply.status == 503
+            assert "refuses to serve" in body["error"]["message"]
+    assert flow.worker_closed
+    assert states(ledger) == ["refunded"] * 3
+    events = [r.sentdp_fields["event"] for r in caplog.records if hasattr(r, "sentdp_fields")]
+    assert events.count("gateway_not_ready_worker_refusing") == 1
 
 
 def test_the_worker_deadline_counts_from_arrival_not_from_the_charge(ledger: SqlLedger) -> None:

@@ -42,6 +42,7 @@ def gateway(worker: Worker, batching: bool = True) -> Any:
     gate._worker_starts = 0
     gate._warmed_for = -1
     gate._warming = asyncio.Lock()
+    gate.charging = SimpleNamespace(worker_closed=False)
     return gate
 
 
@@ -98,3 +99,18 @@ def test_without_adaptive_batching_nothing_is_warmed() -> None:
     worker = Worker([True])
     assert asyncio.run(probe(gateway(worker, batching=False))) is True
     assert worker.warm_up_calls == 0
+
+
+def test_once_a_worker_process_refused_to_serve_the_gateway_is_never_ready_again() -> None:
+    """With several worker processes the probe reaches one of them, which may be healthy;
+    a reply from one that refuses to serve marks the gateway not ready, cache or not."""
+    worker = Worker([True, True])
+    gate = gateway(worker)
+
+    async def run() -> list[bool]:
+        first = await probe(gate)
+        gate.charging.worker_closed = True
+        return [first, await gate.__is_ready__(), await probe(gate)]
+
+    assert asyncio.run(run()) == [True, False, False]
+    assert list(worker.probes) == [True]  # the probe was not asked again
