@@ -35,6 +35,23 @@ def test_a_gpu_deployment_gets_the_processes_measured_on_an_h100(
     assert default_worker_processes(cpus) == workers
 
 
+DEPLOYMENT = (
+    "SENTDP_DEVICE",
+    "SENTDP_WORKER_GPUS",
+    "SENTDP_GATEWAY_WORKERS",
+    "SENTDP_WORKER_PROCESSES",
+    "SENTDP_WORKER_THREADS",
+)
+
+
+def deployment(monkeypatch: pytest.MonkeyPatch, variables: dict[str, str]) -> None:
+    """Exactly ``variables`` of the settings that size a deployment, the others unset."""
+    for name in DEPLOYMENT:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.mark.parametrize(
     ("variables", "gpu"),
     [
@@ -51,11 +68,7 @@ def test_a_gpu_deployment_gets_the_processes_measured_on_an_h100(
 def test_process_counts_follow_the_device_the_deployment_names(
     monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], gpu: bool
 ) -> None:
-    for name in ("SENTDP_DEVICE", "SENTDP_WORKER_GPUS", "SENTDP_GATEWAY_WORKERS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("SENTDP_WORKER_PROCESSES", raising=False)
-    for name, value in variables.items():
-        monkeypatch.setenv(name, value)
+    deployment(monkeypatch, variables)
     settings = ServiceSettings()
     assert settings.names_a_gpu is gpu
     assert (settings.gateway_count(16), settings.worker_count(16)) == ((8, 4) if gpu else (2, 1))
@@ -224,9 +237,5 @@ def test_a_bad_setting_that_others_default_from_is_the_only_error(
 def test_encoder_threads_never_outnumber_the_cores_unless_asked(
     monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], cpus: int, threads: int
 ) -> None:
-    for name in ("SENTDP_DEVICE", "SENTDP_WORKER_GPUS", "SENTDP_WORKER_PROCESSES"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("SENTDP_WORKER_THREADS", raising=False)
-    for name, value in variables.items():
-        monkeypatch.setenv(name, value)
+    deployment(monkeypatch, variables)
     assert ServiceSettings().encoder_threads(cpus) == threads
