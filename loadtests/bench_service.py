@@ -348,8 +348,10 @@ def serve(
     workers: int = 1,
     extra: dict[str, str] | None = None,
 ) -> Server:
-    """The service on ``model``; ``workers`` worker processes share the THREADS encoder
-    threads (at least one each); ``extra`` variables are set for the server alone."""
+    """The service on ``model`` with ``workers`` worker processes, each with the encoder
+    threads the service gives it by default (``SENTDP_WORKER_THREADS`` unset: the cores ÷
+    the workers, at most 2, as THREADS on 2 cores); ``extra`` variables are set for the
+    server alone."""
     tenants = write_tenants(folder / "tenants.json")
     variables = ",".join(f"{var}={value}" for var, value in sorted((extra or {}).items()))
     digest = hashlib.sha256(variables.encode()).hexdigest()[:8]  # a ledger and log per server
@@ -359,7 +361,6 @@ def serve(
         "SENTDP_TENANTS_FILE": str(tenants),
         "SENTDP_LEDGER_URL": f"sqlite:///{folder / f'ledger-{name}.sqlite3'}",
         "SENTDP_ADAPTIVE_BATCHING": str(batching).lower(),
-        "SENTDP_WORKER_THREADS": str(max(1, THREADS // workers)),
         "SENTDP_WORKER_PROCESSES": str(workers),
         "SENTDP_DEVICE": device,
     }

@@ -3,7 +3,7 @@ with libgomp's default waiting and with ``OMP_WAIT_POLICY=PASSIVE``, in one run.
 
 Run: ``.venv/bin/python loadtests/busy_core.py [--repeats 2]``
 
-The worker's encoder runs an OpenMP team of ``SENTDP_WORKER_THREADS`` (2) threads; each
+The worker's encoder runs an OpenMP team of ``SENTDP_WORKER_THREADS`` threads (2 on 2 cores); each
 parallel region ends at a barrier where team members spin before they sleep. When another
 process holds a core, the spinning member and the preempted one take turns, and every region
 waits for the slower. Each row encodes the same 600 sentences three times in a fresh

@@ -224,8 +224,8 @@ class ServiceSettings(BaseSettings):
         """Threads of each worker's encoder: ``SENTDP_WORKER_THREADS``, else 2 where each
         worker process has two cores of its own, else what the cores allow (at least 1).
         Worker processes whose threads outnumber the cores wait on each other at every
-        parallel region: two torch workers of 2 threads each on 2 cores took 17.3 s for the
-        start-up check that one took in 2.1 s, and served 20.5 sentences/s against 155
+        parallel region: two torch workers on 2 cores started in 32-38 s and served 34
+        sentences/s with 2 threads each, against 14 s and 131 sentences/s with one each
         (docs/performance.md, "Worker threads sized to the cores"). More than 2 per worker
         is not measured: set it on a larger CPU machine."""
         if self.worker_threads is not None:

@@ -14,8 +14,10 @@ final whatever happens.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -201,7 +203,7 @@ class Worker:
 
             torch.set_num_threads(settings.encoder_threads())
             device = pick_device(settings.device)
-            self.phases.end("torch_import")
+            self.phases.end("torch_start")
         self.device = device
         self.encoder = open_encoder(
             self.bundle.encoder_dir,
@@ -284,28 +286,35 @@ class Worker:
     def _check_later(self, through: int) -> None:
         """Check the buckets still pending up to ``through`` (on the compute thread, the gate
         held), choosing the mode again where a probe moves (:meth:`_choose_mode_again`). A
-        bucket's check that raises runs once more (:data:`CHECK_ATTEMPTS`: memory short for a
-        moment need not close the worker; the bucket stays pending in between, so nothing is
-        encoded). Where it raises again, no mode passes, or choosing one raises, refuse to
-        serve from then on: :attr:`closed`, and the worker's /readyz says not ready."""
+        bucket's check that raises runs once more (:data:`CHECK_ATTEMPTS`), after freed
+        memory is collected and returned: memory short for a moment need not close the
+        worker, and the bucket stays pending in between, so nothing is encoded. Where it
+        raises again, no mode passes, or choosing one raises, refuse to serve from then on:
+        :attr:`closed`, and the worker's /readyz says not ready."""
         for attempt in range(1, CHECK_ATTEMPTS + 1):
             if self.closed:
                 return
             try:
                 moved = self.later.check(self.encoder, through)
-            except Exception as error:  # its type only: the handlers drop messages
-                failure = type(error).__name__  # not the error: its frames hold the call's memory
+            except Exception:
+                pending = self.later.pending()
+                bucket = pending[0] if pending else None
                 if attempt == CHECK_ATTEMPTS:
-                    self._close(failure)
+                    self._close(bucket=bucket)
                     return
-                logs.log_event("encoder_bucket_check_failed", logging.WARNING, error=failure)
-                continue
-            if moved:
-                try:
-                    self._choose_mode_again(moved[0])
-                except Exception as error:  # never run again: it may have changed half the state
-                    self._close(type(error).__name__)
-            return
+                _log_failure("encoder_bucket_check_failed", logging.WARNING, bucket=bucket)
+            else:
+                if moved:
+                    try:
+                        self._choose_mode_again(moved[0])
+                    except Exception:  # never run again: it may have changed half the state
+                        self._close()
+                return
+            # the error, and with it the failed call's frames and arrays, is gone here
+            gc.collect()
+            if _MALLOC_TRIM is not None:
+                with contextlib.suppress(OSError):
+                    _MALLOC_TRIM(0)
 
     def _choose_mode_again(self, where: str) -> None:
         """After a probe moved (``where``: no text): choose the mode again, with every bucket
@@ -318,10 +327,10 @@ class Worker:
         self.encoder_mode = self._batch_invariant_encoder(every_bucket=True, rejected=True)
         self._build_mechanisms()
 
-    def _close(self, error: str) -> None:
-        """Refuse every item from now on (logged with the error's type)."""
+    def _close(self, **fields: Any) -> None:
+        """Refuse every item from now on (logged as :func:`_log_failure` logs)."""
         self.closed = True
-        logs.log_event("worker_refusing_to_serve", logging.ERROR, error=error)
+        _log_failure("worker_refusing_to_serve", logging.ERROR, **fields)
 
     def _checked_buckets(
         self,
@@ -496,6 +505,16 @@ class Worker:
             handle.write("".join(f"{item.charge_id}\n" for item in items))
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def _log_failure(event: str, level: int, **fields: Any) -> None:
+    """``event`` with ``fields`` and, while an exception is handled, its type and stack: the
+    log's handlers drop exception messages, which may hold text."""
+    error = sys.exc_info()[1]
+    if error is not None:
+        fields["error"] = type(error).__name__
+    extra = {"sentdp_fields": {"event": event, **fields}}
+    logs.logger.log(level, event, exc_info=error is not None, extra=extra)
 
 
 def check_limit(request: WorkRequest) -> float:

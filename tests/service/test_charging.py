@@ -848,6 +848,12 @@ def test_a_request_that_cannot_start_in_time_is_refunded(ledger: SqlLedger) -> N
     assert inner.journal == []
 
 
+async def mixed_reply(work: WorkRequest) -> list[WorkResult]:
+    """The first item late, the others refused by a worker that refuses to serve."""
+    rest = [WorkResult(sampled=False, error=CLOSED_ERROR)] * (len(work.items) - 1)
+    return [WorkResult(sampled=False, error=LATE_ERROR), *rest]
+
+
 def test_a_worker_that_refuses_to_serve_is_refunded_and_marks_the_gateway_not_ready(
     ledger: SqlLedger, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -859,14 +865,18 @@ def test_a_worker_that_refuses_to_serve_is_refunded_and_marks_the_gateway_not_re
     flow = charging(ledger, worker)  # type: ignore[arg-type]
     reply, _ = run(flow, request())
     assert (reply.status, flow.worker_closed) == (503, False)  # late is not closed
+    mixed = charging(ledger, mixed_reply)  # type: ignore[arg-type]
+    reply, _ = run(mixed, request(documents=[{"text": TEXT}] * 2))
+    assert (reply.status, mixed.worker_closed) == (503, True)  # any item refused as closed
     late[0] = CLOSED_ERROR
+    caplog.clear()
     with caplog.at_level(logging.INFO, logger="sentdp.service"):
         for _ in range(2):
             reply, body = run(flow, request())
             assert reply.status == 503
             assert "refuses to serve" in body["error"]["message"]
     assert flow.worker_closed
-    assert states(ledger) == ["refunded"] * 3
+    assert states(ledger) == ["refunded"] * 5
     events = [r.sentdp_fields["event"] for r in caplog.records if hasattr(r, "sentdp_fields")]
     assert events.count("gateway_not_ready_worker_refusing") == 1
 

@@ -77,7 +77,7 @@ def test_an_int8_bundle_serves_without_torch(int8_tag, tmp_path) -> None:
     checked = events(tmp_path, "encoder_bucket_checked")
     assert [(e["bucket"], e["when"]) for e in checked] == [(b, "later") for b in LATER]
     assert not events(tmp_path, "encoder_bucket_moved")
-    (phases,) = events(tmp_path, "worker_start_phases")  # no torch_import: ONNX only
+    (phases,) = events(tmp_path, "worker_start_phases")  # no torch_start: ONNX only
     fields = {"time", "level", "logger", "component", "event"}
     seconds = {k: v for k, v in phases.items() if k not in fields}
     assert list(seconds) == ["bundle", "encoder_open", "start_up_check", "mechanisms", "warm_up"]

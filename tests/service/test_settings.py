@@ -239,3 +239,15 @@ def test_encoder_threads_never_outnumber_the_cores_unless_asked(
 ) -> None:
     deployment(monkeypatch, variables)
     assert ServiceSettings().encoder_threads(cpus) == threads
+
+
+def test_encoder_threads_count_the_cores_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import service.settings as module
+
+    deployment(monkeypatch, {"SENTDP_WORKER_PROCESSES": "2"})
+    monkeypatch.setattr(module, "usable_cpus", lambda: 2)
+    assert ServiceSettings().encoder_threads() == 1
+    monkeypatch.setattr(module, "usable_cpus", lambda: 4)
+    assert ServiceSettings().encoder_threads() == 2

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from service.invariance import LaterChecks, NoInvariantModeError, StartUpCheck
+from service.logs import JsonFormatter
 from service.scheduling import ComputeThread, FairGate
 from service.schemas import CLOSED_ERROR, LATE_ERROR, WorkItem, WorkRequest, WorkResult
 from service.worker import LATER_KEY, Worker, check_limit
@@ -20,6 +21,8 @@ from tests.sentdp.fake_encoders import CHAR_BUCKETS, FixedPasses, in_bucket
 
 DEFAULT = [8, 16, 64, 256]  # the fake's buckets the invariance probes reach
 LATER = [32, 128, 512]
+SECRET = "secret words"
+"""In an error's message (as a row's text could be): never in the log."""
 
 
 class Slow(FixedPasses):
@@ -32,6 +35,12 @@ class Slow(FixedPasses):
     def encode(self, sentences):  # type: ignore[no-untyped-def]
         time.sleep(self.pause)
         return super().encode(sentences)
+
+
+def as_logged(caplog: pytest.LogCaptureFixture) -> str:
+    """The captured records as the service's JSON log writes them (messages redacted)."""
+    formatter = JsonFormatter()
+    return "\n".join(formatter.format(record) for record in caplog.records)
 
 
 def worker(encoder: Any, remode: Any = None) -> SimpleNamespace:
@@ -53,7 +62,7 @@ def worker(encoder: Any, remode: Any = None) -> SimpleNamespace:
     ns._batch_invariant_encoder = choose
     ns._check_later = lambda through: Worker.inner._check_later(ns, through)
     ns._choose_mode_again = lambda where: Worker.inner._choose_mode_again(ns, where)
-    ns._close = lambda error: Worker.inner._close(ns, error)
+    ns._close = lambda **fields: Worker.inner._close(ns, **fields)
     return ns
 
 
@@ -178,7 +187,7 @@ def test_the_real_mode_choice_after_a_fault_rejects_the_encoder_and_checks_every
     )
     ns._check_later = lambda through: Worker.inner._check_later(ns, through)
     ns._choose_mode_again = lambda where: Worker.inner._choose_mode_again(ns, where)
-    ns._close = lambda error: Worker.inner._close(ns, error)
+    ns._close = lambda **fields: Worker.inner._close(ns, **fields)
     ns._build_mechanisms = lambda: setattr(ns, "built", ns.built + 1)
     ns.later = LaterChecks(ns.encoder, DEFAULT, "later")
     batch = request(5)
@@ -209,7 +218,7 @@ class Raises(FixedPasses):
     def encode(self, sentences):  # type: ignore[no-untyped-def]
         if self.raised < len(self.errors) and any(len(s) > 20 for s in sentences):
             self.raised += 1
-            raise self.errors[self.raised - 1]("out of memory at row 'secret words'")
+            raise self.errors[self.raised - 1](f"out of memory at row {SECRET!r}")
         return super().encode(sentences)
 
 
@@ -226,10 +235,12 @@ def test_a_check_that_raises_twice_closes_the_worker(
     assert ns.remodes == []  # an error is not a moved probe: no mode is chosen again
     events = [r.sentdp_fields for r in caplog.records if hasattr(r, "sentdp_fields")]
     assert events == [
-        {"event": "encoder_bucket_check_failed", "error": error.__name__},
-        {"event": "worker_refusing_to_serve", "error": "KeyError"},
+        {"event": "encoder_bucket_check_failed", "error": error.__name__, "bucket": 32},
+        {"event": "worker_refusing_to_serve", "error": "KeyError", "bucket": 32},
     ]
-    assert "secret" not in caplog.text
+    logged = as_logged(caplog)
+    assert SECRET not in logged
+    assert logged.count("in encode") == 2  # each with the stack it was raised from
     assert Worker.inner.__is_ready__(ns) is False
     Worker.inner._check_later(ns, 512)  # nothing runs again once closed
     assert encoder.raised == 2
@@ -277,9 +288,12 @@ def test_a_check_that_raises_once_is_run_again_and_the_worker_serves(
         if getattr(r, "sentdp_fields", {}).get("event") == ("encoder_bucket_check_failed")
     ]
     assert [(r.levelno, r.sentdp_fields) for r in failed] == [
-        (logging.WARNING, {"event": "encoder_bucket_check_failed", "error": error.__name__})
+        (
+            logging.WARNING,
+            {"event": "encoder_bucket_check_failed", "error": error.__name__, "bucket": 32},
+        )
     ]
-    assert "secret" not in caplog.text
+    assert SECRET not in as_logged(caplog)
 
 
 def test_a_closed_worker_checks_nothing_more() -> None:
@@ -445,3 +459,22 @@ def test_the_limit_stays_well_inside_the_workers_call_timeout(
     assert check_limit(request(5, deadline=1_000.0)) == 1_030.0  # arrival 970: 60 s after
     monkeypatch.setattr(module.BOOT, "worker_start_timeout_ms", 100_000)
     assert check_limit(request(5, deadline=1_000.0)) == 990.0  # arrival 900: 90 s after
+
+
+def test_the_encoder_reopened_in_fixed_shape_passes_gets_the_workers_thread_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two worker processes on 2 cores: a thread each, in the mode chosen again too."""
+    import sentdp.encoders
+
+    for name in ("SENTDP_WORKER_THREADS", "SENTDP_DEVICE", "SENTDP_WORKER_GPUS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SENTDP_WORKER_PROCESSES", "2")
+    monkeypatch.setattr("service.settings.usable_cpus", lambda: 2)
+    opened: list[dict[str, Any]] = []
+    monkeypatch.setattr(sentdp.encoders, "open_encoder", lambda *a, **k: opened.append(k))
+    ns = SimpleNamespace(encoder=SimpleNamespace(path="g"), bundle=SimpleNamespace())
+    ns.bundle.encoder_backend = "onnx-int8"
+    Worker.inner._reopen(ns, "cpu", False)
+    ((kwargs,),) = [opened]
+    assert (kwargs["threads"], kwargs["fixed_batch"]) == (1, True)
