@@ -325,18 +325,40 @@ def boot_settings() -> ServiceSettings:
     return load_settings()
 
 
-def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+def usable_cpus(
+    cgroup: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")
+) -> int:
     """The cores this process may run on (a container's cpuset, else all), fewer when its
-    cgroup's CPU quota allows fewer (``docker run --cpus``, a Kubernetes CPU limit)."""
+    cgroup, or one above it, allows fewer (``docker run --cpus``, a Kubernetes CPU limit, a
+    systemd unit's ``CPUQuota``)."""
     affinity = getattr(os, "sched_getaffinity", None)
     cpus = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
-    quota = cgroup_cpu_quota(cgroup)
+    quota = cgroup_cpu_quota(cgroup, own_cgroup(membership))
     return max(1, min(cpus, math.ceil(quota))) if quota is not None else cpus
 
 
-def cgroup_cpu_quota(cgroup: Path) -> float | None:
-    """Cores' worth of CPU time the cgroup allows (cgroup v2 ``cpu.max``, else v1's CFS
-    quota and period), or None when it sets no limit or cannot be read."""
+def own_cgroup(membership: Path = Path("/proc/self/cgroup")) -> str:
+    """This process's cgroup v2 path under the mount (``/`` in a container's own cgroup
+    namespace, and when it cannot be read)."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return "/"
+    return next((line[3:] or "/" for line in lines if line.startswith("0::")), "/")
+
+
+def cgroup_cpu_quota(cgroup: Path, own: str = "/") -> float | None:
+    """Cores' worth of CPU time allowed to the cgroup ``own`` under the mount ``cgroup``: the
+    smallest cgroup v2 ``cpu.max`` of it and every cgroup above it (each limits the ones
+    below), else v1's CFS quota and period at the mount; None when none sets a limit or
+    can be read."""
+    parts = [part for part in own.split("/") if part and part not in {".", ".."}]
+    quotas = [_quota_at(cgroup.joinpath(*parts[:depth])) for depth in range(len(parts) + 1)]
+    found = [quota for quota in quotas if quota is not None]
+    return min(found) if found else None
+
+
+def _quota_at(cgroup: Path) -> float | None:
     try:
         quota, period = (cgroup / "cpu.max").read_text().split()[:2]
     except (OSError, ValueError):

@@ -15,6 +15,7 @@ from service.settings import (
     default_gateway_workers,
     default_worker_processes,
     load_settings,
+    own_cgroup,
     usable_cpus,
 )
 
@@ -164,6 +165,43 @@ def test_a_cgroup_cpu_quota_limits_the_cores_counted(
     everything = usable_cpus(tmp_path / "none")
     expected = everything if quota is None else min(everything, math.ceil(quota))
     assert usable_cpus(tmp_path) == expected
+
+
+@pytest.mark.parametrize(
+    ("membership", "own"),
+    [
+        ("0::/system.slice/sentdp.service\n", "/system.slice/sentdp.service"),
+        ("0::/\n", "/"),  # a container's own cgroup namespace
+        ("4:memory:/x\n1:cpu:/\n", "/"),  # cgroup v1 only: its quota is read at the mount
+        (None, "/"),
+    ],
+)
+def test_the_process_own_cgroup_is_read_from_its_membership(
+    tmp_path: Path, membership: str | None, own: str
+) -> None:
+    if membership is not None:
+        (tmp_path / "cgroup").write_text(membership)
+    assert own_cgroup(tmp_path / "cgroup") == own
+
+
+def test_a_cpu_quota_above_the_process_own_cgroup_limits_it_too(tmp_path: Path) -> None:
+    """A systemd unit's CPUQuota, or its slice's: the smallest limit on the way up counts."""
+    mount = tmp_path / "fs"
+    unit = mount / "system.slice" / "sentdp.service"
+    unit.mkdir(parents=True)
+    (mount / "cpu.max").write_text("max 100000\n")
+    (mount / "system.slice" / "cpu.max").write_text("300000 100000\n")
+    (unit / "cpu.max").write_text("max 100000\n")
+    own = "/system.slice/sentdp.service"
+    assert cgroup_cpu_quota(mount, own) == 3.0
+    (unit / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_quota(mount, own) == 1.5
+    # ".." is dropped (the kernel writes none): nothing is read outside the mount
+    assert cgroup_cpu_quota(mount, "/system.slice/../sentdp.service") == 1.5
+    assert cgroup_cpu_quota(mount) is None  # the root sets none
+    (tmp_path / "cgroup").write_text(f"0::{own}\n")
+    everything = usable_cpus(mount, tmp_path / "none")
+    assert usable_cpus(mount, tmp_path / "cgroup") == min(everything, 2)
 
 
 def test_a_bad_setting_is_named_and_no_setting_value_is_quoted(
