@@ -352,7 +352,9 @@ def cgroup_cpu_quota(cgroup: Path, own: str = "/") -> float | None:
     smallest cgroup v2 ``cpu.max`` of it and every cgroup above it (each limits the ones
     below), else v1's CFS quota and period at the mount; None when none sets a limit or
     can be read."""
-    parts = [part for part in own.split("/") if part and part not in {".", ".."}]
+    parts = [part for part in own.split("/") if part and part != "."]
+    if ".." in parts:  # a cgroup outside this namespace's root: its files are not mounted here
+        parts = []
     quotas = [_quota_at(cgroup.joinpath(*parts[:depth])) for depth in range(len(parts) + 1)]
     found = [quota for quota in quotas if quota is not None]
     return min(found) if found else None

@@ -196,8 +196,9 @@ def test_a_cpu_quota_above_the_process_own_cgroup_limits_it_too(tmp_path: Path) 
     assert cgroup_cpu_quota(mount, own) == 3.0
     (unit / "cpu.max").write_text("150000 100000\n")
     assert cgroup_cpu_quota(mount, own) == 1.5
-    # ".." is dropped (the kernel writes none): nothing is read outside the mount
-    assert cgroup_cpu_quota(mount, "/system.slice/../sentdp.service") == 1.5
+    # a cgroup outside the namespace's root ("/../x"): only the mount is read, never above it
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    assert cgroup_cpu_quota(mount, "/../system.slice/sentdp.service") is None
     assert cgroup_cpu_quota(mount) is None  # the root sets none
     (tmp_path / "cgroup").write_text(f"0::{own}\n")
     everything = usable_cpus(mount, tmp_path / "none")
