@@ -206,10 +206,9 @@ def invariant_encoder(
             logs.log_event(
                 "encoder_mode_failed_check", logging.WARNING, device=on, mode=mode, graphs=graphs
             )
-        except Exception as error:  # its stack, never its message (the handlers drop those)
+        except Exception:  # its stack, never its message (the handlers drop those)
             event = "cuda_graph_capture_failed" if graphs else "fixed_batch_encoder_failed"
-            fields = {"event": event, "device": on, "error": type(error).__name__}
-            logs.logger.warning(event, exc_info=True, extra={"sentdp_fields": fields})
+            logs.log_failure(event, logging.WARNING, device=on)
     # fail closed: batching would let one sentence move another's embedding
     logs.log_event("encoder_not_batch_invariant", logging.ERROR, device=device)
     raise NoInvariantModeError(

@@ -251,3 +251,13 @@ def configure(level: int = logging.INFO) -> None:
 def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
     """One structured event; ``fields`` must hold no request text."""
     logger.log(level, event, extra={"sentdp_fields": {"event": event, **fields}})
+
+
+def log_failure(event: str, level: int, **fields: Any) -> None:
+    """:func:`log_event` with, while an exception is handled, its type (``error``) and stack;
+    the handlers drop exception messages, which may hold text."""
+    error = sys.exc_info()[1]
+    if error is not None:
+        fields["error"] = type(error).__name__
+    extra = {"sentdp_fields": {"event": event, **fields}}
+    logger.log(level, event, exc_info=error is not None, extra=extra)

@@ -17,7 +17,6 @@ import contextlib
 import gc
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -198,10 +197,11 @@ class Worker:
         from sentdp.encoders import open_encoder, pick_device
 
         device = settings.device or "cpu"
+        threads = settings.encoder_threads()
         if self.bundle.encoder_backend == "torch":  # ONNX bundles never import torch
             import torch
 
-            torch.set_num_threads(settings.encoder_threads())
+            torch.set_num_threads(threads)
             device = pick_device(settings.device)
             self.phases.end("torch_start")
         self.device = device
@@ -210,7 +210,7 @@ class Worker:
             self.bundle.encoder_backend,
             device,
             settings.encoder_rows(device),
-            threads=settings.encoder_threads(),
+            threads=threads,
             spin_between_runs=settings.encoder_spin_between_runs,
             onnx_threading=settings.encoder_threading,
         )
@@ -302,7 +302,7 @@ class Worker:
                 if attempt == CHECK_ATTEMPTS:
                     self._close(bucket=bucket)
                     return
-                _log_failure("encoder_bucket_check_failed", logging.WARNING, bucket=bucket)
+                logs.log_failure("encoder_bucket_check_failed", logging.WARNING, bucket=bucket)
             else:
                 if moved:
                     try:
@@ -328,9 +328,9 @@ class Worker:
         self._build_mechanisms()
 
     def _close(self, **fields: Any) -> None:
-        """Refuse every item from now on (logged as :func:`_log_failure` logs)."""
+        """Refuse every item from now on (logged by :func:`~service.logs.log_failure`)."""
         self.closed = True
-        _log_failure("worker_refusing_to_serve", logging.ERROR, **fields)
+        logs.log_failure("worker_refusing_to_serve", logging.ERROR, **fields)
 
     def _checked_buckets(
         self,
@@ -505,16 +505,6 @@ class Worker:
             handle.write("".join(f"{item.charge_id}\n" for item in items))
             handle.flush()
             os.fsync(handle.fileno())
-
-
-def _log_failure(event: str, level: int, **fields: Any) -> None:
-    """``event`` with ``fields`` and, while an exception is handled, its type and stack: the
-    log's handlers drop exception messages, which may hold text."""
-    error = sys.exc_info()[1]
-    if error is not None:
-        fields["error"] = type(error).__name__
-    extra = {"sentdp_fields": {"event": event, **fields}}
-    logs.logger.log(level, event, exc_info=error is not None, extra=extra)
 
 
 def check_limit(request: WorkRequest) -> float:
