@@ -30,31 +30,31 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadtests.bench_service import RssSampler, encoder_mode, load, load_documents, serve
-from tests.support import Server, log_events
+from tests.support import LOG_FIELDS, Server, log_events
+
+
+def _epoch(event: dict[str, object]) -> float:
+    return datetime.fromisoformat(str(event["time"]).replace("Z", "+00:00")).timestamp()
+
+
+def _thread_checks(server: Server) -> list[dict[str, object]]:
+    """The bucket checks the worker's own thread ran after its start-up (its log)."""
+    logged = log_events(server.log, "encoder_bucket_checked") if server.log else []
+    return [e for e in logged if e.get("when") == "later"]
 
 
 def later_checks(server: Server, ready: float) -> str:
     """The buckets the worker's own thread checked after its start-up (its log), their
     seconds, and when the last check ended, in seconds after ``ready`` (Unix time;
     negative: before)."""
-    logged = log_events(server.log, "encoder_bucket_checked") if server.log else []
-    events = [e for e in logged if e.get("when") == "later"]
+    events = _thread_checks(server)
     if not events:
         return "no bucket checked by the worker's thread"
-    ended = datetime.fromisoformat(events[-1]["time"].replace("Z", "+00:00")).timestamp()
-    spent = sum(float(e["seconds"]) for e in events)
+    spent = sum(float(str(e["seconds"])) for e in events)
     return (
         f"{len(events)} buckets checked by the worker's thread in {spent:.2f} s, the last "
-        f"ending {ended - ready:.1f} s after ready"
+        f"ending {_epoch(events[-1]) - ready:.1f} s after ready"
     )
-
-
-LOG_FIELDS = {"time", "level", "logger", "component", "event"}
-"""The fields of every log line; an event's own fields are the others."""
-
-
-def _epoch(event: dict[str, object]) -> float:
-    return datetime.fromisoformat(str(event["time"]).replace("Z", "+00:00")).timestamp()
 
 
 def start_breakdown(server: Server, ready: float) -> str:
@@ -69,9 +69,7 @@ def start_breakdown(server: Server, ready: float) -> str:
     seconds = {k: float(v) for k, v in phases[-1].items() if k not in LOG_FIELDS}
     launched = ready - server.cold_start_seconds
     before = _epoch(phases[-1]) - sum(seconds.values()) - launched
-    later = [
-        e for e in log_events(server.log, "encoder_bucket_checked") if e.get("when") == "later"
-    ]
+    later = _thread_checks(server)
     # from the last worker's start to the last check: with several worker processes their
     # checks overlap, so their seconds do not add up to the wall time they took
     checks = max(0.0, _epoch(later[-1]) - _epoch(phases[-1])) if later else 0.0

@@ -284,6 +284,10 @@ def age_pending_keys(ledger: SqlLedger, seconds: float, key: str | None = None) 
         )
 
 
+LOG_FIELDS = {"time", "level", "logger", "component", "event"}
+"""The fields of every line of a server's JSON log; an event's own fields are the others."""
+
+
 def log_events(log: Path, name: str) -> list[dict[str, Any]]:
     """The events called ``name`` in a server's JSON log, in order."""
     lines = log.read_text(errors="replace").splitlines()
