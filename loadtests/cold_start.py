@@ -57,31 +57,41 @@ def later_checks(server: Server, ready: float) -> str:
     )
 
 
-def start_breakdown(server: Server, ready: float) -> str:
+def start_parts(server: Server, ready: float) -> dict[str, float]:
     """Where the cold start went, in seconds, from the server's log: launch to the worker's
     start, each phase of it, the checks of the worker's thread, the dispatcher's warm-up,
-    and the rest until ``ready`` (Unix time). Log times have millisecond resolution."""
+    and the rest until ``ready`` (Unix time); they add up to the cold start. Log times have
+    millisecond resolution. ValueError when the log lacks the worker's phases."""
     if server.log is None:
-        return "no server log"
+        raise ValueError("no server log")
     phases = log_events(server.log, "worker_start_phases")
     if not phases:
-        return "no worker_start_phases in the log"
+        raise ValueError("no worker_start_phases in the log")
     seconds = {k: float(v) for k, v in phases[-1].items() if k not in LOG_FIELDS}
     launched = ready - server.cold_start_seconds
-    before = _epoch(phases[-1]) - sum(seconds.values()) - launched
+    parts = {"launch to worker start": _epoch(phases[-1]) - sum(seconds.values()) - launched}
+    parts.update(seconds)
     later = _thread_checks(server)
     # from the last worker's start to the last check: with several worker processes their
     # checks overlap, so their seconds do not add up to the wall time they took
-    checks = max(0.0, _epoch(later[-1]) - _epoch(phases[-1])) if later else 0.0
+    parts["later checks"] = max(0.0, _epoch(later[-1]) - _epoch(phases[-1])) if later else 0.0
     warmed = log_events(server.log, "worker_dispatcher_warmed")
-    warm_up = float(warmed[-1]["seconds"]) if warmed else 0.0
-    rest = server.cold_start_seconds - before - sum(seconds.values()) - checks - warm_up
-    parts = [f"launch to worker start {before:.2f}"]
-    if len(phases) > 1:
-        parts[0] += f" (the last of {len(phases)} worker processes)"
-    parts += [f"{name} {value:.2f}" for name, value in seconds.items()]
-    parts += [f"later checks {checks:.2f}", f"dispatcher warm-up {warm_up:.2f}", f"rest {rest:.2f}"]
-    return "cold start, seconds: " + ", ".join(parts)
+    parts["dispatcher warm-up"] = float(warmed[-1]["seconds"]) if warmed else 0.0
+    parts["rest"] = server.cold_start_seconds - sum(parts.values())
+    return parts
+
+
+def start_breakdown(server: Server, ready: float) -> str:
+    """:func:`start_parts` as one line, or why there is none."""
+    try:
+        parts = start_parts(server, ready)
+    except ValueError as missing:
+        return str(missing)
+    workers = len(log_events(server.log, "worker_start_phases")) if server.log else 0
+    text = [f"{name} {value:.2f}" for name, value in parts.items()]
+    if workers > 1:
+        text[0] += f" (the last of {workers} worker processes)"
+    return "cold start, seconds: " + ", ".join(text)
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for tests
 from sentdp.text import TextLimits
 from service.charging import LEDGER_THREADS, ChargedRequest, Charging
-from service.idempotency import BodySigner
+from service.idempotency import BodySigner, caller_secret
 from service.ledger import open_ledger
 from service.ledger.postgres import PostgresLedger
 from service.schemas import DocumentIn, WorkRequest, WorkResult
@@ -68,7 +68,10 @@ async def flood_and_calm(flow: Charging, seconds: float, clients: int) -> dict[s
 
     def ask(tenant: Tenant, user: str, text: str) -> ChargedRequest:
         document = DocumentIn.model_validate({"sentences": [text]})
-        return ChargedRequest(tenant=tenant, user=user, epsilon=2.0, documents=[document])
+        caller = caller_secret(f"{tenant.id}-api-key")
+        return ChargedRequest(
+            tenant=tenant, user=user, epsilon=2.0, documents=[document], caller=caller
+        )
 
     async def flooder(n: int) -> None:
         sent = 0

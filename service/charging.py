@@ -180,6 +180,8 @@ class ChargedRequest:
     user: str
     epsilon: float
     documents: list[DocumentIn]
+    caller: bytes = field(repr=False)
+    """:func:`~service.idempotency.caller_secret` of the request's API key (never logged)."""
     with_labels: bool = False
     idempotency_key: str | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -456,6 +458,7 @@ class Charging:
             request.user,
             request.epsilon,
             request.documents,
+            request.caller,
         )
         ids = document_ids(request.documents, request.tenant.composition)
         tokens = check_cost(work_cost(sentences, self.cost), self.limits)
@@ -499,7 +502,7 @@ class Charging:
             raise ApiError(
                 Code.IDEMPOTENCY_KEY_REUSED,
                 "this Idempotency-Key was used with a different request (another endpoint or "
-                "body); use a new key",
+                "body, or another API key); use a new key",
             ) from None
         except Exception:
             logger.exception("ledger reserve failed (request %s)", request.request_id)

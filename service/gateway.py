@@ -278,13 +278,15 @@ class Gateway:
         with_labels: bool,
     ) -> Any:
         tenant = self._tenant(ctx)
-        if tenant is None:
+        caller = getattr(ctx.request.state, "sentdp_caller", None)
+        if tenant is None or caller is None:
             return self._error(ctx, unauthorized())
         request = ChargedRequest(
             tenant=tenant,
             user=user,
             epsilon=epsilon,
             documents=documents,
+            caller=caller,
             with_labels=with_labels,
             idempotency_key=ctx.request.headers.get("idempotency-key"),
         )

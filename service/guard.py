@@ -40,6 +40,7 @@ from service.errors import (
     envelope,
     is_input_model,
 )
+from service.idempotency import caller_secret
 from service.metrics import metric
 from service.scheduling import TenantChecks, TenantLoad, TurnRefusedError, in_turn
 from service.settings import REQUEST_OVERHEAD_BYTES
@@ -369,7 +370,8 @@ class GuardMiddleware:
             else:
                 await self._uniform(scope, receive, send)
             return
-        tenant = self.registry.authenticate(bearer_token(scope))
+        token = bearer_token(scope)
+        tenant = self.registry.authenticate(token)
         refusal = self._refusal(tenant is not None, scope.get("headers", []))
         if refusal is not None or tenant is None:
             await send_error(send, *(refusal or (Code.UNAUTHORIZED, "invalid API key")))
@@ -386,7 +388,9 @@ class GuardMiddleware:
             if refused is not None:
                 await send_error(send, *refused)
                 return
-            scope.setdefault("state", {})["sentdp_tenant"] = tenant.id
+            state = scope.setdefault("state", {})
+            state["sentdp_tenant"] = tenant.id
+            state["sentdp_caller"] = caller_secret(token or "")
             delivered = False
 
             async def replay() -> Message:

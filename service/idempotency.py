@@ -11,6 +11,13 @@ into the file (as an accepted secret) and is deleted from the database.
 The signed input includes the tenant and the key, so two rows carry the same HMAC only if they
 are the same row: a reader of the ledger cannot tell that a user sent the same document twice,
 or to two tenants (a hostile review found that the body alone made equal HMACs).
+
+It also includes a digest of the caller's API key (:func:`caller_secret`), which sentdp never
+stores. The default state folder holds the SQLite ledger and the secret file side by side, so
+a backup of it holds both (a hostile review found that it could then test a guessed document
+against the stored HMACs); without the API key it still cannot. A retry must therefore use
+the API key of its first attempt: under another key of the same tenant it is refused as a
+reused key, and its first attempt's charge stands.
 """
 
 from __future__ import annotations
@@ -47,8 +54,10 @@ class BodySigner:
         user: str,
         epsilon: float,
         documents: list[DocumentIn],
+        caller: bytes,
     ) -> IdempotencyKey | None:
-        """The ledger's key for a request, or None without a key; 400 for an invalid one."""
+        """The ledger's key for a request, or None without a key; 400 for an invalid one.
+        ``caller`` is :func:`caller_secret` of the request's API key."""
         if key is None:
             return None
         if not 1 <= len(key) <= MAX_KEY_LENGTH or not key.isprintable():
@@ -64,13 +73,30 @@ class BodySigner:
                 "documents": [d.model_dump() for d in documents],
             }
         )
+        if len(caller) != CALLER_BYTES:
+            raise ValueError("caller must be caller_secret() of the request's API key")
         # A canonical object holds no raw newline, so the split is unambiguous.
-        signed = body + b"\n" + _canonical({"tenant": tenant, "key": key, "format": 2})
+        signed = (
+            body
+            + b"\n"
+            + _canonical({"tenant": tenant, "key": key, "caller": caller.hex(), "format": 3})
+        )
         digests = [_digest(s, signed) for s in self.accepted]
-        # Rows a sentdp from before this form stored (the body alone) still replay until they
-        # expire, 24 hours after they were stored; this can go in a later release.
-        digests += [_digest(s, body) for s in (self.current, *self.accepted)]
+        # Rows a sentdp from before this form stored (without the caller) still replay until
+        # they expire, 24 hours after they were stored; this can go in a later release.
+        before = body + b"\n" + _canonical({"tenant": tenant, "key": key, "format": 2})
+        digests += [_digest(s, before) for s in (self.current, *self.accepted)]
         return IdempotencyKey(key, _digest(self.current, signed), tuple(digests))
+
+
+CALLER_BYTES = 32
+
+
+def caller_secret(api_key: str) -> bytes:
+    """What the body HMAC signs of the caller's API key: a digest keyed by the API key, a
+    function other than the SHA-256 the tenants file keeps, so nothing sentdp stores derives
+    it."""
+    return hmac.new(api_key.encode("utf-8"), b"sentdp body-hmac caller", hashlib.sha256).digest()
 
 
 def _canonical(fields: dict[str, object]) -> bytes:

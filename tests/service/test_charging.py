@@ -22,7 +22,7 @@ from sentdp.text import TextLimits
 from service import charging as charging_module
 from service.charging import ChargedRequest, Charging, Reply, work_cost
 from service.errors import UNEXPECTED_FAILURE, ApiError
-from service.idempotency import BodySigner
+from service.idempotency import BodySigner, caller_secret
 from service.ledger import SqlLedger, open_ledger
 from service.scheduling import TenantChecks
 from service.schemas import CLOSED_ERROR, LATE_ERROR, DocumentIn, WorkRequest, WorkResult
@@ -76,6 +76,7 @@ def request(
     **kwargs,
 ) -> ChargedRequest:
     docs = [DocumentIn.model_validate(d) for d in (documents or [{"text": TEXT}])]
+    kwargs.setdefault("caller", caller_secret(f"{tenant.id}-api-key"))
     return ChargedRequest(tenant=tenant, user=user, epsilon=epsilon, documents=docs, **kwargs)
 
 
@@ -607,6 +608,11 @@ def test_a_retry_with_the_same_key_replays_without_a_second_charge(ledger: SqlLe
     assert ledger.account("acme", "alice").spent_micro == 2 * MICRO
     other, body = run(flow, request(idempotency_key="k", epsilon=3.0))
     assert (other.status, body["error"]["code"]) == (422, "idempotency_key_reused")
+    # the same request under another API key of the tenant is not a retry of this one
+    keyed, body = run(flow, request(idempotency_key="k", caller=caller_secret("second-key")))
+    assert (keyed.status, body["error"]["code"]) == (422, "idempotency_key_reused")
+    assert "another API key" in body["error"]["message"]
+    assert (worker.calls, ledger.account("acme", "alice").spent_micro) == (1, 2 * MICRO)
     assert run(flow, request(idempotency_key="k", user="bob"))[0].status == 200  # per user
 
 

@@ -3,6 +3,7 @@ never are; keys are revoked on a running server; lookups and user ids are bounde
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -69,30 +70,83 @@ def test_one_failing_document_is_refunded_alone_and_the_replay_keeps_503(server)
     assert charges[1]["id"] in read_journal(journal)
 
 
-def test_a_key_revoked_on_a_running_server_stops_working(server) -> None:
-    import time
-
-    from service.admin import add_key, revoke_keys
-
-    tenants_file = Path(server.env["SENTDP_TENANTS_FILE"])
-    key = add_key(tenants_file, "acme", 10.0, 1, 100.0)
+def _settles_on(server, key: str, expected: int) -> bool:  # type: ignore[no-untyped-def]
+    """Whether /budget under ``key`` answers ``expected`` in every gateway process within
+    10 s (the tenants file is read again within a second of a change)."""
 
     def status() -> int:
         with client(server, key) as http:
             return http.post("/budget", json={"user": "rk-user"}).status_code
 
-    def settles_on(expected: int) -> bool:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if all(status() == expected for _ in range(4)):  # both gateway processes
-                return True
-            time.sleep(0.2)
-        return False
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if all(status() == expected for _ in range(4)):  # both gateway processes
+            return True
+        time.sleep(0.2)
+    return False
 
-    assert settles_on(200)  # a new key works without a restart
+
+def test_a_key_revoked_on_a_running_server_stops_working(server) -> None:
+    from service.admin import add_key, revoke_keys
+
+    tenants_file = Path(server.env["SENTDP_TENANTS_FILE"])
+    key = add_key(tenants_file, "acme", 10.0, 1, 100.0)
+    assert _settles_on(server, key, 200)  # a new key works without a restart
     assert revoke_keys(tenants_file, "acme", key) == 1
-    assert settles_on(401)  # and a revoked one stops working without a restart
+    assert _settles_on(server, key, 401)  # and a revoked one stops working without a restart
     assert privatize(server, "rk-user").status_code == 200  # the tenant's other key still works
+
+
+def test_the_stored_body_hmac_needs_the_callers_api_key(server) -> None:
+    """A retry under the tenant's other API key is refused as a reused key, charged once; the
+    stored HMAC is the body signed with a digest of the key itself, so a reader of the ledger,
+    the secret file and the tenants file (a backup of the state folder) cannot test a guessed
+    document against it."""
+    from service.admin import add_key, revoke_keys
+    from service.idempotency import BodySigner, caller_secret, read_secrets
+    from service.schemas import DocumentIn
+    from service.tenants import hash_key
+
+    tenants_file = Path(server.env["SENTDP_TENANTS_FILE"])
+    second = add_key(tenants_file, "acme", 10.0, 1, 100.0)
+    try:
+        assert _settles_on(server, second, 200)
+        payload = {"user": "hk-user", "epsilon": 1.0, "documents": [{"text": TEXT}]}
+        headers = {"Idempotency-Key": "hk-1"}
+        with client(server, ACME.key) as http:
+            first = http.post("/privatize", json=payload, headers=headers)
+        with client(server, second) as http:
+            other = http.post("/privatize", json=payload, headers=headers)
+        with client(server, ACME.key) as http:
+            again = http.post("/privatize", json=payload, headers=headers)
+    finally:
+        assert revoke_keys(tenants_file, "acme", second) == 1
+    assert first.status_code == 200, first.text
+    assert other.status_code == 422, other.text
+    assert error_of(other)["code"] == "idempotency_key_reused"
+    assert (again.status_code, again.headers.get("idempotent-replayed")) == (200, "true")
+    ledger = ledger_of(server)
+    assert ledger.account("acme", "hk-user").spent_micro == 1_000_000
+    with ledger.transaction() as cur:
+        (stored,) = ledger._execute(
+            cur,
+            "SELECT body_hmac FROM sentdp_idempotency WHERE tenant = 'acme' AND "
+            "user_id = 'hk-user' AND key = 'hk-1'",
+        ).fetchone()
+    ledger.close()
+    secret_file = server.env.get(
+        "SENTDP_IDEMPOTENCY_SECRET_FILE", f"{server.home}/idempotency-secret"
+    )
+    signer = BodySigner(read_secrets(Path(secret_file))[0])
+    documents = [DocumentIn(text=TEXT)]
+
+    def signed(caller: bytes) -> str:
+        key = signer.key("hk-1", "acme", "privatize", "hk-user", 1.0, documents, caller)
+        assert key is not None
+        return key.body_hmac
+
+    assert signed(caller_secret(ACME.key)) == stored  # the guess is right, with the API key
+    assert signed(bytes.fromhex(hash_key(ACME.key))) != stored  # what the tenants file keeps
 
 
 def test_free_lookups_are_bounded_and_users_validated_everywhere(server) -> None:

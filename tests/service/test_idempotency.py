@@ -13,11 +13,20 @@ from pathlib import Path
 import pytest
 
 from service.errors import ApiError
-from service.idempotency import BodySigner, load_signer, read_secrets, write_new_secret_file
+from service.idempotency import (
+    BodySigner,
+    caller_secret,
+    load_signer,
+    read_secrets,
+    write_new_secret_file,
+)
 from service.ledger import open_ledger
 from service.schemas import DocumentIn
+from service.tenants import hash_key
 
 DOCS = [DocumentIn(text="One sentence. Another.")]
+API_KEY = "sdp_acme_first_key_0123456789"
+CALLER = caller_secret(API_KEY)
 
 
 def test_the_secret_file_is_created_private_and_once(tmp_path: Path) -> None:
@@ -55,18 +64,18 @@ def test_a_version_1_secret_moves_out_of_the_database(tmp_path: Path) -> None:
 def test_rotation_keeps_recent_keys_matching(tmp_path: Path) -> None:
     old = BodySigner(b"o" * 32)
     rotated = BodySigner(b"n" * 32, accepted=(b"o" * 32,))
-    stored = old.key("k", "acme", "privatize", "u", 1.0, DOCS)
-    retried = rotated.key("k", "acme", "privatize", "u", 1.0, DOCS)
+    stored = old.key("k", "acme", "privatize", "u", 1.0, DOCS, CALLER)
+    retried = rotated.key("k", "acme", "privatize", "u", 1.0, DOCS, CALLER)
     assert stored is not None
     assert retried is not None
     assert retried.body_hmac != stored.body_hmac
     assert retried.matches(stored.body_hmac)
-    other = rotated.key("k", "acme", "privatize", "u", 2.0, DOCS)
+    other = rotated.key("k", "acme", "privatize", "u", 2.0, DOCS, CALLER)
     assert other is not None
     assert not other.matches(stored.body_hmac)
-    assert BodySigner(b"x" * 32).key(None, "acme", "privatize", "u", 1.0, DOCS) is None
+    assert BodySigner(b"x" * 32).key(None, "acme", "privatize", "u", 1.0, DOCS, CALLER) is None
     with pytest.raises(ApiError, match="printable"):
-        old.key("tab\tkey", "acme", "privatize", "u", 1.0, DOCS)
+        old.key("tab\tkey", "acme", "privatize", "u", 1.0, DOCS, CALLER)
 
 
 def test_equal_bodies_under_other_keys_or_tenants_store_other_hmacs() -> None:
@@ -74,35 +83,75 @@ def test_equal_bodies_under_other_keys_or_tenants_store_other_hmacs() -> None:
     the stored HMAC signs the tenant and the key with the body."""
     signer = BodySigner(b"s" * 32)
     stored = {
-        signer.key(key, tenant, "privatize", "u", 1.0, DOCS).body_hmac  # type: ignore[union-attr]
+        signer.key(key, tenant, "privatize", "u", 1.0, DOCS, CALLER).body_hmac  # type: ignore[union-attr]
         for key, tenant in [("k1", "acme"), ("k2", "acme"), ("k1", "other")]
     }
     assert len(stored) == 3
-    retried = signer.key("k1", "acme", "privatize", "u", 1.0, DOCS)
+    retried = signer.key("k1", "acme", "privatize", "u", 1.0, DOCS, CALLER)
     assert retried is not None
     assert retried.body_hmac in stored  # the same request signs the same
 
 
-def test_rows_stored_before_the_tenant_and_key_were_signed_still_match() -> None:
+def _canonical(fields: dict[str, object]) -> bytes:
+    return json.dumps(fields, sort_keys=True).encode()
+
+
+BODY = _canonical(
+    {
+        "endpoint": "privatize",
+        "user": "u",
+        "epsilon": 1.0,
+        "documents": [d.model_dump() for d in DOCS],
+    }
+)
+
+
+def _hmac(secret: bytes, message: bytes) -> str:
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def test_rows_stored_before_the_caller_was_signed_still_match() -> None:
+    """Rows of the previous form (tenant and key, no caller) replay until they expire; the
+    form before that (the body alone) expired long ago and no longer matches."""
     signer = BodySigner(b"n" * 32, accepted=(b"o" * 32,))
-    canonical = json.dumps(
-        {
-            "endpoint": "privatize",
-            "user": "u",
-            "epsilon": 1.0,
-            "documents": [d.model_dump() for d in DOCS],
-        },
-        sort_keys=True,
-    ).encode()
+    tenant_and_key = BODY + b"\n" + _canonical({"tenant": "acme", "key": "k", "format": 2})
     for secret in (b"n" * 32, b"o" * 32):
-        legacy = hmac.new(secret, canonical, hashlib.sha256).hexdigest()
-        retried = signer.key("k", "acme", "privatize", "u", 1.0, DOCS)
+        retried = signer.key("k", "acme", "privatize", "u", 1.0, DOCS, CALLER)
         assert retried is not None
-        assert retried.body_hmac != legacy
-        assert retried.matches(legacy)
-        changed = signer.key("k", "acme", "privatize", "u", 2.0, DOCS)
+        previous = _hmac(secret, tenant_and_key)
+        assert retried.body_hmac != previous
+        assert retried.matches(previous)
+        assert not retried.matches(_hmac(secret, BODY))
+        changed = signer.key("k", "acme", "privatize", "u", 2.0, DOCS, CALLER)
         assert changed is not None
-        assert not changed.matches(legacy)
+        assert not changed.matches(previous)
+
+
+def test_the_stored_hmac_needs_the_api_key_which_nothing_stored_holds() -> None:
+    """A backup of the state folder holds the ledger, the secret file and the tenants file
+    (the key's SHA-256): from those alone the stored HMAC of a guessed document cannot be
+    recomputed, since it signs a digest of the API key itself."""
+    secret = b"s" * 32
+    stored = BodySigner(secret).key("k", "acme", "privatize", "u", 1.0, DOCS, CALLER)
+    assert stored is not None
+    signed = {"tenant": "acme", "key": "k", "format": 3}
+    assert stored.body_hmac == _hmac(
+        secret, BODY + b"\n" + _canonical({**signed, "caller": CALLER.hex()})
+    )
+    stored_hash = hash_key(API_KEY)  # what the tenants file keeps
+    for guess in (stored_hash, hashlib.sha256(bytes.fromhex(stored_hash)).hexdigest(), ""):
+        message = BODY + b"\n" + _canonical({**signed, "caller": guess})
+        assert _hmac(secret, message) != stored.body_hmac
+    # the same request under the tenant's other key signs otherwise: not a retry of it
+    other = BodySigner(secret).key(
+        "k", "acme", "privatize", "u", 1.0, DOCS, caller_secret("sdp_acme_second_key_987")
+    )
+    assert other is not None
+    assert not other.matches(stored.body_hmac)
+    with pytest.raises(ValueError, match="caller"):
+        BodySigner(secret).key(
+            "k", "acme", "privatize", "u", 1.0, DOCS, bytes.fromhex(stored_hash)[:16]
+        )
 
 
 def test_a_secret_file_with_nothing_usable_is_refused(tmp_path: Path) -> None:

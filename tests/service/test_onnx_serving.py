@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from loadtests.cold_start import start_parts
 from tests.support import LOG_FIELDS, TENANTS, Server, log_events, privatize, write_tenants
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -54,8 +55,10 @@ def events(folder: Path, name: str) -> list[dict[str, Any]]:
 
 def test_an_int8_bundle_serves_without_torch(int8_tag, tmp_path) -> None:
     """... and, once ready, checks the buckets its start-up probes miss, smallest first; a
-    document with a sentence of about 200 tokens is served."""
+    document with a sentence of about 200 tokens is served. ``loadtests/cold_start.py``
+    reads from its log where the cold start went."""
     server = serve(int8_tag, tmp_path, "onnx-int8")
+    ready = time.time()
     try:
         long = " ".join(["The council approved the budget for roads and schools"] * 20) + "."
         text = f"{long} Rates rose. The film ended. It rained in Leeds."
@@ -82,6 +85,13 @@ def test_an_int8_bundle_serves_without_torch(int8_tag, tmp_path) -> None:
     assert list(seconds) == ["bundle", "encoder_open", "start_up_check", "mechanisms", "warm_up"]
     assert all(isinstance(v, float) and v >= 0 for v in seconds.values())
     assert seconds["start_up_check"] > 0.05  # a real check encodes some hundred rows
+    parts = start_parts(server, ready)
+    after = ["later checks", "dispatcher warm-up", "rest"]
+    assert list(parts) == ["launch to worker start", *seconds, *after]
+    assert sum(parts.values()) == pytest.approx(server.cold_start_seconds)
+    assert parts["launch to worker start"] > 0.3  # processes started, imports
+    assert parts["later checks"] > 0.05  # six buckets checked before ready
+    assert min(parts.values()) > -0.05  # log times are to the millisecond: no part overlaps
 
 
 def test_a_deployment_expecting_torch_refuses_the_int8_bundle(int8_tag, tmp_path) -> None:
