@@ -10,6 +10,8 @@
   tenant; running servers stop accepting them within a second (they re-read the file).
 * ``purge``: delete idempotency rows older than their 24-hour window now (servers also do it
   as they go).
+* ``prune --settled-days N``: delete charge rows settled more than N days ago and per-document
+  spends of past periods, history that no budget check reads (sentdp itself keeps them).
 * ``budget --tenant ID --user U``: a user's spending in the current period and what is left,
   the fields of the HTTP ``/budget`` (as the tenant's next request will find it: a period
   that has ended shows as the next, empty one).
@@ -23,6 +25,7 @@ import argparse
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import sqlite3
@@ -225,6 +228,17 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--key-file", type=Path, help="a file holding the API key to revoke")
     which.add_argument("--all", action="store_true", help="revoke every key of the tenant")
     commands.add_parser("purge", help="delete expired idempotency rows now")
+    prune = commands.add_parser(
+        "prune",
+        help="delete charge rows settled more than --settled-days days ago, and per-document "
+        "spends of past periods: history no budget check reads (no spend changes)",
+    )
+    prune.add_argument(
+        "--settled-days",
+        type=float,
+        required=True,
+        help="keep the charges settled within this many days (reserved ones are always kept)",
+    )
     commands.add_parser(
         "recount-replies",
         help="count each tenant's stored reply bytes again (after a rolling upgrade from "
@@ -336,7 +350,7 @@ def _command(args: argparse.Namespace, settings: ServiceSettings) -> None:
         print(f"revoked {removed} key(s) of tenant {args.tenant}", file=sys.stderr)
         return
     known = None
-    if args.command not in ("purge", "recount-replies"):
+    if args.command not in ("purge", "recount-replies", "prune"):
         known = {t.id: t for t in _read(settings.tenants_file).tenants}.get(args.tenant)
         if known is None:
             raise SystemExit(
@@ -391,6 +405,25 @@ def _on_ledger(args: argparse.Namespace, url: str, schema: str, known: Tenant | 
                 file=sys.stderr,
             )
         print(json.dumps({"purged_idempotency_rows": purged}))
+        return
+    if args.command == "prune":
+        if not 0 <= args.settled_days < math.inf:
+            raise SystemExit("sentdp-admin: --settled-days must be a number of days, 0 or more")
+        pruned = ledger.prune_history(args.settled_days * 86_400)
+        if any(pruned.values()) and not ledger.scrub(SCRUB_WAIT_SECONDS):
+            print(
+                "sentdp-admin: another connection kept reading, so the pruned rows' bytes may "
+                "stay in the SQLite write-ahead log until a server's timer or SQLite clears it",
+                file=sys.stderr,
+            )
+        print(
+            json.dumps(
+                {
+                    "pruned_charge_rows": pruned["charges"],
+                    "pruned_document_rows": pruned["documents"],
+                }
+            )
+        )
         return
     if args.command == "recount-replies":
         ledger.recount_stored_replies()

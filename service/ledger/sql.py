@@ -63,6 +63,8 @@ PURGE_CHUNK_ROWS = 500
 """Expired idempotency rows one reservation deletes at most: a minute's worth at a high
 request rate (6,000 rows of 5 KB replies took 100 ms in one SQLite transaction, while every
 other ledger call of the process waited) is spread over the next reservations instead."""
+PRUNE_CHUNK_ROWS = 5_000
+"""Rows of the operator's history prune (:meth:`SqlLedger.prune_history`) per transaction."""
 
 _NAMED = re.compile(r":([a-z_]+)")
 _OWNED_KEY = (
@@ -597,6 +599,41 @@ class SqlLedger(abc.ABC):
                 {"t": tenant, "u": user},
             )
             return self._account(cur, tenant, user)
+
+    def prune_history(self, older_than: float, chunk: int = PRUNE_CHUNK_ROWS) -> dict[str, int]:
+        """Operator command: delete the record of what no budget check reads any more, and
+        how many rows of each kind went. Charge rows settled (final or refunded) more than
+        ``older_than`` seconds ago by the ledger's clock, and per-document spends of periods
+        before their account's current one. Reserved charges and the current period's spends
+        still count, so they stay; an account's spend is its own row's and does not move.
+        In transactions of at most ``chunk`` rows, so writers wait briefly."""
+        if not older_than >= 0:
+            raise ValueError("older_than must be at least 0 seconds")
+        statements = {
+            "charges": (
+                "DELETE FROM sentdp_charges WHERE id IN (SELECT id FROM sentdp_charges "
+                "WHERE state IN ('final', 'refunded') AND settled_at IS NOT NULL "
+                "AND settled_at < :c ORDER BY id LIMIT :n)"
+            ),
+            # periods only grow, so a period below the account's, read at any moment, is past
+            "documents": (
+                "DELETE FROM sentdp_documents WHERE (tenant, user_id, period, document_id) IN ("
+                "SELECT d.tenant, d.user_id, d.period, d.document_id FROM sentdp_documents d "
+                "JOIN sentdp_accounts a ON a.tenant = d.tenant AND a.user_id = d.user_id "
+                "WHERE d.period < a.period LIMIT :n)"
+            ),
+        }
+        deleted = dict.fromkeys(statements, 0)
+        with self.transaction() as cur:
+            cutoff = self._now(cur) - older_than
+        for kind, sql in statements.items():
+            while True:
+                with self.transaction() as cur:
+                    gone = self._execute(cur, sql, {"c": cutoff, "n": chunk}).rowcount
+                deleted[kind] += max(0, gone)
+                if gone < chunk:
+                    break
+        return deleted
 
     def charges(self, tenant: str | None = None) -> list[dict[str, Any]]:
         """Every charge row (for audits and tests), oldest first."""

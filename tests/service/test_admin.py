@@ -134,6 +134,44 @@ def test_purge_leaves_no_byte_of_a_purged_reply_in_the_sqlite_files(
     assert not ledger_files_hold(tmp_path, b"REPLY-MARKER")
 
 
+def test_prune_deletes_old_history_and_leaves_no_byte_of_it_in_the_sqlite_files(
+    tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sentdp.accounting import MICRO, PER_DOCUMENT, Charge, Policy
+    from service.ledger import Reservation
+
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    policy = Policy(1, 5 * MICRO, composition=PER_DOCUMENT)
+    marker = "DOC-MARKER-" + "y" * 40
+    reserved = ledger.reserve(
+        "acme", "u", Charge("deepcandidate", MICRO, 1, (marker,)), policy, "REQ-MARKER"
+    )
+    assert isinstance(reserved, Reservation)
+    ledger.settle("acme", "u", reserved.charge_ids, [])
+    ledger.new_period("acme", "u")
+    with ledger.transaction() as cur:
+        ledger._execute(cur, "UPDATE sentdp_charges SET settled_at = settled_at - 864000")
+    ledger.scrub()
+    ledger.close()
+    assert ledger_files_hold(tmp_path, marker.encode())
+    main(["prune", "--settled-days", "30"])  # settled 10 days ago: kept
+    assert json.loads(capsys.readouterr().out) == {
+        "pruned_charge_rows": 0,
+        "pruned_document_rows": 1,  # a past period's per-document spend
+    }
+    assert ledger_files_hold(tmp_path, marker.encode())  # the charge row still names it
+    main(["prune", "--settled-days", "7"])
+    assert json.loads(capsys.readouterr().out) == {
+        "pruned_charge_rows": 1,
+        "pruned_document_rows": 0,
+    }
+    assert not ledger_files_hold(tmp_path, marker.encode())
+    assert not ledger_files_hold(tmp_path, b"REQ-MARKER")
+    for days in ("-1", "nan", "inf"):
+        with pytest.raises(SystemExit, match="number of days"):
+            main(["prune", "--settled-days", days])
+
+
 def test_budget_names_what_is_missing_instead_of_reporting_nothing_spent(
     tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -788,3 +788,77 @@ def test_replicas_starting_together_initialise_one_fresh_ledger(ledger_url) -> N
 
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(start, range(8))) == [0] * 8
+
+
+def _age_settlements(ledger: SqlLedger, seconds: float, charge_ids: list[int]) -> None:
+    """Make these charges' settlements ``seconds`` older."""
+    with ledger.transaction() as cur:
+        for charge_id in charge_ids:
+            ledger._execute(
+                cur,
+                "UPDATE sentdp_charges SET settled_at = settled_at - :s, "
+                "created_at = created_at - :s WHERE id = :id",
+                {"s": seconds, "id": charge_id},
+            )
+
+
+def test_pruning_history_deletes_only_what_no_budget_check_reads(ledger: SqlLedger) -> None:
+    day = 86_400.0
+    final, refunded, recent = reserve(ledger), reserve(ledger), reserve(ledger)
+    ledger.settle("acme", "alice", final.charge_ids, [])
+    ledger.settle("acme", "alice", [], refunded.charge_ids)
+    ledger.settle("acme", "alice", recent.charge_ids, [])
+    pending = reserve(ledger)  # never settled: it still counts
+    old = [*final.charge_ids, *refunded.charge_ids]
+    _age_settlements(ledger, 10 * day, old)
+    with ledger.transaction() as cur:  # an old reservation is kept however old
+        ledger._execute(
+            cur,
+            "UPDATE sentdp_charges SET created_at = created_at - :s WHERE id = :id",
+            {"s": 30 * day, "id": pending.charge_ids[0]},
+        )
+    before = ledger.account("acme", "alice")
+    assert ledger.prune_history(7 * day, chunk=1) == {"charges": 2, "documents": 0}
+    left = {c["id"]: c["state"] for c in ledger.charges()}
+    assert left == {recent.charge_ids[0]: "final", pending.charge_ids[0]: "reserved"}
+    assert ledger.account("acme", "alice") == before  # the spend is the account's own row
+    assert ledger.prune_history(7 * day) == {"charges": 0, "documents": 0}
+    # the budget still binds on the same spend: 3 charges of 2 each stand, 2 more fit
+    reserve(ledger)
+    reserve(ledger)
+    with pytest.raises(BudgetExhaustedError):
+        reserve(ledger)
+    ledger.settle("acme", "alice", pending.charge_ids, [], None)  # a kept reservation settles
+    assert {c["state"] for c in ledger.charges() if c["id"] == pending.charge_ids[0]} == {"final"}
+    with pytest.raises(ValueError, match="at least 0"):
+        ledger.prune_history(math.nan)
+
+
+def test_pruning_keeps_the_current_periods_per_document_spends(ledger: SqlLedger) -> None:
+    from sentdp.accounting import PER_DOCUMENT
+
+    policy = Policy(group_size=1, limit_micro=3 * MICRO, composition=PER_DOCUMENT)
+
+    def charge(document: str) -> Reservation:
+        result = ledger.reserve(
+            "acme", "bob", Charge("deepcandidate", MICRO, 1, (document,)), policy, "req"
+        )
+        assert isinstance(result, Reservation)
+        ledger.settle("acme", "bob", result.charge_ids, [])
+        return result
+
+    for _ in range(3):
+        charge("d1")  # d1 is at the limit in period 0
+    charge("d2")
+    ledger.new_period("acme", "bob")
+    for _ in range(2):
+        charge("d1")  # period 1: d1 has spent 2 of 3
+    assert ledger.prune_history(0.0) == {"charges": 6, "documents": 2}
+    with ledger.transaction() as cur:
+        rows = ledger._execute(
+            cur, "SELECT period, document_id, spend_units FROM sentdp_documents"
+        ).fetchall()
+    assert [(int(p), str(d), int(u)) for p, d, u in rows] == [(1, "d1", 2 * MICRO)]
+    charge("d1")  # the current period's spend still binds: one more, then refused
+    with pytest.raises(BudgetExhaustedError):
+        ledger.reserve("acme", "bob", Charge("deepcandidate", MICRO, 1, ("d1",)), policy, "req")
