@@ -57,16 +57,20 @@ def later_checks(server: Server, ready: float) -> str:
     )
 
 
+class NoPhasesError(LookupError):
+    """The server's log holds no ``worker_start_phases``."""
+
+
 def start_parts(server: Server, ready: float) -> dict[str, float]:
     """Where the cold start went, in seconds, from the server's log: launch to the worker's
     start, each phase of it, the checks of the worker's thread, the dispatcher's warm-up,
     and the rest until ``ready`` (Unix time); they add up to the cold start. Log times have
-    millisecond resolution. ValueError when the log lacks the worker's phases."""
+    millisecond resolution. :class:`NoPhasesError` when the log lacks the worker's phases."""
     if server.log is None:
-        raise ValueError("no server log")
+        raise NoPhasesError("no server log")
     phases = log_events(server.log, "worker_start_phases")
     if not phases:
-        raise ValueError("no worker_start_phases in the log")
+        raise NoPhasesError("no worker_start_phases in the log")
     seconds = {k: float(v) for k, v in phases[-1].items() if k not in LOG_FIELDS}
     launched = ready - server.cold_start_seconds
     parts = {"launch to worker start": _epoch(phases[-1]) - sum(seconds.values()) - launched}
@@ -85,7 +89,7 @@ def start_breakdown(server: Server, ready: float) -> str:
     """:func:`start_parts` as one line, or why there is none."""
     try:
         parts = start_parts(server, ready)
-    except ValueError as missing:
+    except NoPhasesError as missing:
         return str(missing)
     workers = len(log_events(server.log, "worker_start_phases")) if server.log else 0
     text = [f"{name} {value:.2f}" for name, value in parts.items()]

@@ -502,7 +502,8 @@ class Charging:
             raise ApiError(
                 Code.IDEMPOTENCY_KEY_REUSED,
                 "this Idempotency-Key was used with a different request (another endpoint or "
-                "body, or another API key); use a new key",
+                "body, or another API key): a retry must repeat its first attempt exactly, under "
+                "the same API key; with a new Idempotency-Key it is a new request, charged again",
             ) from None
         except Exception:
             logger.exception("ledger reserve failed (request %s)", request.request_id)

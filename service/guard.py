@@ -390,7 +390,8 @@ class GuardMiddleware:
                 return
             state = scope.setdefault("state", {})
             state["sentdp_tenant"] = tenant.id
-            state["sentdp_caller"] = caller_secret(token or "")
+            assert token is not None  # authenticate() found a tenant for it
+            state["sentdp_caller"] = caller_secret(token)
             delivered = False
 
             async def replay() -> Message:

@@ -58,6 +58,8 @@ class BodySigner:
     ) -> IdempotencyKey | None:
         """The ledger's key for a request, or None without a key; 400 for an invalid one.
         ``caller`` is :func:`caller_secret` of the request's API key."""
+        if len(caller) != CALLER_BYTES:  # checked with or without a key: a wiring bug shows
+            raise ValueError("caller must be caller_secret() of the request's API key")
         if key is None:
             return None
         if not 1 <= len(key) <= MAX_KEY_LENGTH or not key.isprintable():
@@ -73,8 +75,6 @@ class BodySigner:
                 "documents": [d.model_dump() for d in documents],
             }
         )
-        if len(caller) != CALLER_BYTES:
-            raise ValueError("caller must be caller_secret() of the request's API key")
         # A canonical object holds no raw newline, so the split is unambiguous.
         signed = (
             body
@@ -92,11 +92,15 @@ class BodySigner:
 CALLER_BYTES = 32
 
 
+CALLER_LABEL = b"sentdp body-hmac caller"
+
+
 def caller_secret(api_key: str) -> bytes:
-    """What the body HMAC signs of the caller's API key: a digest keyed by the API key, a
-    function other than the SHA-256 the tenants file keeps, so nothing sentdp stores derives
-    it."""
-    return hmac.new(api_key.encode("utf-8"), b"sentdp body-hmac caller", hashlib.sha256).digest()
+    """What the body HMAC signs of the caller's API key: HMAC-SHA256 of the key under a fixed
+    label. Computing it needs the key itself: the tenants file keeps the key's SHA-256, and
+    HMAC reads its message whole. (Keyed by the API key instead, a key over 64 bytes would
+    be replaced by its SHA-256, which the tenants file holds: a review found that.)"""
+    return hmac.new(CALLER_LABEL, api_key.encode("utf-8"), hashlib.sha256).digest()
 
 
 def _canonical(fields: dict[str, object]) -> bytes:

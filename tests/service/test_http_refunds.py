@@ -3,6 +3,8 @@ never are; keys are revoked on a running server; lookups and user ids are bounde
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import time
 from pathlib import Path
 
@@ -103,7 +105,7 @@ def test_the_stored_body_hmac_needs_the_callers_api_key(server) -> None:
     the secret file and the tenants file (a backup of the state folder) cannot test a guessed
     document against it."""
     from service.admin import add_key, revoke_keys
-    from service.idempotency import BodySigner, caller_secret, read_secrets
+    from service.idempotency import CALLER_LABEL, BodySigner, caller_secret, read_secrets
     from service.schemas import DocumentIn
     from service.tenants import hash_key
 
@@ -146,7 +148,9 @@ def test_the_stored_body_hmac_needs_the_callers_api_key(server) -> None:
         return key.body_hmac
 
     assert signed(caller_secret(ACME.key)) == stored  # the guess is right, with the API key
-    assert signed(bytes.fromhex(hash_key(ACME.key))) != stored  # what the tenants file keeps
+    kept = bytes.fromhex(hash_key(ACME.key))  # what the tenants file keeps
+    assert signed(hmac.new(kept, CALLER_LABEL, hashlib.sha256).digest()) != stored
+    assert signed(kept) != stored
 
 
 def test_free_lookups_are_bounded_and_users_validated_everywhere(server) -> None:

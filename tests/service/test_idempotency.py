@@ -14,6 +14,7 @@ import pytest
 
 from service.errors import ApiError
 from service.idempotency import (
+    CALLER_LABEL,
     BodySigner,
     caller_secret,
     load_signer,
@@ -127,20 +128,30 @@ def test_rows_stored_before_the_caller_was_signed_still_match() -> None:
         assert not changed.matches(previous)
 
 
-def test_the_stored_hmac_needs_the_api_key_which_nothing_stored_holds() -> None:
+@pytest.mark.parametrize("api_key", [API_KEY, "sdp_" + "long-operator-chosen-key-" * 4])
+def test_the_stored_hmac_needs_the_api_key_which_nothing_stored_holds(api_key: str) -> None:
     """A backup of the state folder holds the ledger, the secret file and the tenants file
     (the key's SHA-256): from those alone the stored HMAC of a guessed document cannot be
-    recomputed, since it signs a digest of the API key itself."""
+    recomputed, since it signs a digest of the API key itself, for keys of any length (HMAC
+    keyed by a key over 64 bytes would use its SHA-256: the tenants file's value)."""
     secret = b"s" * 32
-    stored = BodySigner(secret).key("k", "acme", "privatize", "u", 1.0, DOCS, CALLER)
+    caller = caller_secret(api_key)
+    stored = BodySigner(secret).key("k", "acme", "privatize", "u", 1.0, DOCS, caller)
     assert stored is not None
     signed = {"tenant": "acme", "key": "k", "format": 3}
     assert stored.body_hmac == _hmac(
-        secret, BODY + b"\n" + _canonical({**signed, "caller": CALLER.hex()})
+        secret, BODY + b"\n" + _canonical({**signed, "caller": caller.hex()})
     )
-    stored_hash = hash_key(API_KEY)  # what the tenants file keeps
-    for guess in (stored_hash, hashlib.sha256(bytes.fromhex(stored_hash)).hexdigest(), ""):
-        message = BODY + b"\n" + _canonical({**signed, "caller": guess})
+    kept = bytes.fromhex(hash_key(api_key))  # what the tenants file keeps
+    derived = [
+        kept,
+        hashlib.sha256(kept).digest(),
+        hmac.new(kept, CALLER_LABEL, hashlib.sha256).digest(),  # keyed by the key's digest
+        hmac.new(CALLER_LABEL, kept, hashlib.sha256).digest(),
+    ]
+    for guess in derived:
+        assert guess != caller
+        message = BODY + b"\n" + _canonical({**signed, "caller": guess.hex()})
         assert _hmac(secret, message) != stored.body_hmac
     # the same request under the tenant's other key signs otherwise: not a retry of it
     other = BodySigner(secret).key(
@@ -148,10 +159,9 @@ def test_the_stored_hmac_needs_the_api_key_which_nothing_stored_holds() -> None:
     )
     assert other is not None
     assert not other.matches(stored.body_hmac)
-    with pytest.raises(ValueError, match="caller"):
-        BodySigner(secret).key(
-            "k", "acme", "privatize", "u", 1.0, DOCS, bytes.fromhex(stored_hash)[:16]
-        )
+    for key in ("k", None):  # a caller that is not a digest is refused, with a key or not
+        with pytest.raises(ValueError, match="caller"):
+            BodySigner(secret).key(key, "acme", "privatize", "u", 1.0, DOCS, kept[:16])
 
 
 def test_a_secret_file_with_nothing_usable_is_refused(tmp_path: Path) -> None:

@@ -88,7 +88,6 @@ def test_an_int8_bundle_serves_without_torch(int8_tag, tmp_path) -> None:
     parts = start_parts(server, ready)
     after = ["later checks", "dispatcher warm-up", "rest"]
     assert list(parts) == ["launch to worker start", *seconds, *after]
-    assert sum(parts.values()) == pytest.approx(server.cold_start_seconds)
     assert parts["launch to worker start"] > 0.3  # processes started, imports
     assert parts["later checks"] > 0.05  # six buckets checked before ready
     assert min(parts.values()) > -0.05  # log times are to the millisecond: no part overlaps
