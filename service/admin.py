@@ -413,7 +413,8 @@ def _on_ledger(args: argparse.Namespace, url: str, schema: str, known: Tenant | 
         if any(pruned.values()) and not ledger.scrub(SCRUB_WAIT_SECONDS):
             print(
                 "sentdp-admin: another connection kept reading, so the pruned rows' bytes may "
-                "stay in the SQLite write-ahead log until a server's timer or SQLite clears it",
+                "stay in the SQLite write-ahead log until its next checkpoint (run the command "
+                "again once nothing reads, e.g. after a backup)",
                 file=sys.stderr,
             )
         print(

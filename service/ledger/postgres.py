@@ -75,6 +75,9 @@ class PostgresLedger(SqlLedger):
     def _lock_clause(self) -> str:
         return " FOR UPDATE"
 
+    def _skip_locked_clause(self) -> str:
+        return " FOR UPDATE SKIP LOCKED"
+
     def _bound_lock_waits(self, cur: Any, seconds: float) -> None:
         cur.execute(f"SET LOCAL lock_timeout = {max(1, int(seconds * 1000))}")  # milliseconds
 

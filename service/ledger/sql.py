@@ -5,7 +5,9 @@ the per-document charge rows and the idempotency row, so no crash leaves half of
 the database. Charges move ``reserved -> final`` (the mechanism ran or may have run) or
 ``reserved -> refunded`` (it certainly drew no randomness). A crash between the two leaves
 them ``reserved``: still counted, so the ledger may over-charge but never under-charges.
-Invariant: ``accounts.spent_micro`` = sum of this period's charges that are not refunded.
+Invariant: ``accounts.spent_micro`` = sum of this period's charges that are not refunded,
+until the operator prunes settled charge rows (:meth:`SqlLedger.prune_history`): audit a
+ledger against its charges before pruning them.
 
 A connection the server dropped is replaced: a transaction whose BEGIN fails on a lost
 connection is retried once on a new one (nothing was sent yet, so nothing is charged twice);
@@ -113,6 +115,11 @@ class SqlLedger(abc.ABC):
         """A transaction that may write: yields a cursor; commits or rolls back."""
 
     def _lock_clause(self) -> str:
+        return ""
+
+    def _skip_locked_clause(self) -> str:
+        """Locks the rows a subquery selects, skipping those another transaction holds
+        (PostgreSQL); SQLite has one writer at a time."""
         return ""
 
     def _bound_lock_waits(self, cur: Any, seconds: float) -> None:
@@ -606,33 +613,54 @@ class SqlLedger(abc.ABC):
         ``older_than`` seconds ago by the ledger's clock, and per-document spends of periods
         before their account's current one. Reserved charges and the current period's spends
         still count, so they stay; an account's spend is its own row's and does not move.
-        In transactions of at most ``chunk`` rows, so writers wait briefly."""
+        In transactions of at most ``chunk`` rows, each resuming after the last one's rows,
+        so writers wait briefly; on PostgreSQL rows another transaction holds are skipped
+        (a refund locks a past period's spends in its own order), not waited for."""
         if not older_than >= 0:
             raise ValueError("older_than must be at least 0 seconds")
-        statements = {
-            "charges": (
-                "DELETE FROM sentdp_charges WHERE id IN (SELECT id FROM sentdp_charges "
-                "WHERE state IN ('final', 'refunded') AND settled_at IS NOT NULL "
-                "AND settled_at < :c ORDER BY id LIMIT :n)"
-            ),
-            # periods only grow, so a period below the account's, read at any moment, is past
-            "documents": (
-                "DELETE FROM sentdp_documents WHERE (tenant, user_id, period, document_id) IN ("
-                "SELECT d.tenant, d.user_id, d.period, d.document_id FROM sentdp_documents d "
-                "JOIN sentdp_accounts a ON a.tenant = d.tenant AND a.user_id = d.user_id "
-                "WHERE d.period < a.period LIMIT :n)"
-            ),
-        }
-        deleted = dict.fromkeys(statements, 0)
+        if chunk < 1:
+            raise ValueError("chunk must be at least 1 row")
+        skip = self._skip_locked_clause()
         with self.transaction() as cur:
             cutoff = self._now(cur) - older_than
-        for kind, sql in statements.items():
-            while True:
-                with self.transaction() as cur:
-                    gone = self._execute(cur, sql, {"c": cutoff, "n": chunk}).rowcount
-                deleted[kind] += max(0, gone)
-                if gone < chunk:
-                    break
+        deleted = {"charges": 0, "documents": 0}
+        after: Any = 0
+        while True:
+            with self.transaction() as cur:
+                rows = self._execute(
+                    cur,
+                    "DELETE FROM sentdp_charges WHERE id IN (SELECT id FROM sentdp_charges "  # noqa: S608 (constants)
+                    "WHERE id > :after AND state IN ('final', 'refunded') "
+                    "AND settled_at IS NOT NULL AND settled_at < :c ORDER BY id LIMIT :n"
+                    f"{skip}) RETURNING id",
+                    {"after": after, "c": cutoff, "n": chunk},
+                ).fetchall()
+            deleted["charges"] += len(rows)
+            if len(rows) < chunk:
+                break
+            after = max(int(r[0]) for r in rows)
+        key = "(d.tenant, d.user_id, d.period, d.document_id)"
+        resume = ""
+        last: dict[str, Any] = {}
+        while True:
+            # periods only grow, so a period below the account's, read at any moment, is past
+            with self.transaction() as cur:
+                rows = self._execute(
+                    cur,
+                    "DELETE FROM sentdp_documents WHERE (tenant, user_id, period, document_id) "  # noqa: S608 (constants)
+                    f"IN (SELECT {key[1:-1]} FROM sentdp_documents d JOIN sentdp_accounts a "
+                    "ON a.tenant = d.tenant AND a.user_id = d.user_id "
+                    f"WHERE d.period < a.period{resume} ORDER BY {key[1:-1]} LIMIT :n"
+                    f"{skip.replace('UPDATE', 'UPDATE OF d')}) "
+                    "RETURNING tenant, user_id, period, document_id",
+                    {"n": chunk, **last},
+                ).fetchall()
+            deleted["documents"] += len(rows)
+            if len(rows) < chunk:
+                break
+            t, u, period, d = max(tuple(r) for r in rows)
+            last = {"lt": t, "lu": u, "lp": period, "ld": d}
+            resume = f" AND {key} > (:lt, :lu, :lp, :ld)"
         return deleted
 
     def charges(self, tenant: str | None = None) -> list[dict[str, Any]]:

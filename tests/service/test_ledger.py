@@ -791,13 +791,12 @@ def test_replicas_starting_together_initialise_one_fresh_ledger(ledger_url) -> N
 
 
 def _age_settlements(ledger: SqlLedger, seconds: float, charge_ids: list[int]) -> None:
-    """Make these charges' settlements ``seconds`` older."""
+    """Make these charges' settlements (only: not their creation) ``seconds`` older."""
     with ledger.transaction() as cur:
         for charge_id in charge_ids:
             ledger._execute(
                 cur,
-                "UPDATE sentdp_charges SET settled_at = settled_at - :s, "
-                "created_at = created_at - :s WHERE id = :id",
+                "UPDATE sentdp_charges SET settled_at = settled_at - :s WHERE id = :id",
                 {"s": seconds, "id": charge_id},
             )
 
@@ -811,11 +810,11 @@ def test_pruning_history_deletes_only_what_no_budget_check_reads(ledger: SqlLedg
     pending = reserve(ledger)  # never settled: it still counts
     old = [*final.charge_ids, *refunded.charge_ids]
     _age_settlements(ledger, 10 * day, old)
-    with ledger.transaction() as cur:  # an old reservation is kept however old
+    with ledger.transaction() as cur:  # created long ago, settled lately, or never: kept
         ledger._execute(
             cur,
-            "UPDATE sentdp_charges SET created_at = created_at - :s WHERE id = :id",
-            {"s": 30 * day, "id": pending.charge_ids[0]},
+            "UPDATE sentdp_charges SET created_at = created_at - :s WHERE id IN (:a, :b)",
+            {"s": 30 * day, "a": pending.charge_ids[0], "b": recent.charge_ids[0]},
         )
     before = ledger.account("acme", "alice")
     assert ledger.prune_history(7 * day, chunk=1) == {"charges": 2, "documents": 0}
@@ -832,6 +831,8 @@ def test_pruning_history_deletes_only_what_no_budget_check_reads(ledger: SqlLedg
     assert {c["state"] for c in ledger.charges() if c["id"] == pending.charge_ids[0]} == {"final"}
     with pytest.raises(ValueError, match="at least 0"):
         ledger.prune_history(math.nan)
+    with pytest.raises(ValueError, match="at least 1"):
+        ledger.prune_history(0.0, chunk=0)
 
 
 def test_pruning_keeps_the_current_periods_per_document_spends(ledger: SqlLedger) -> None:
@@ -839,26 +840,72 @@ def test_pruning_keeps_the_current_periods_per_document_spends(ledger: SqlLedger
 
     policy = Policy(group_size=1, limit_micro=3 * MICRO, composition=PER_DOCUMENT)
 
-    def charge(document: str) -> Reservation:
+    def charge(document: str, tenant: str = "acme", settle: bool = True) -> Reservation:
         result = ledger.reserve(
-            "acme", "bob", Charge("deepcandidate", MICRO, 1, (document,)), policy, "req"
+            tenant, "bob", Charge("deepcandidate", MICRO, 1, (document,)), policy, "req"
         )
         assert isinstance(result, Reservation)
-        ledger.settle("acme", "bob", result.charge_ids, [])
+        if settle:
+            ledger.settle(tenant, "bob", result.charge_ids, [])
         return result
 
     for _ in range(3):
         charge("d1")  # d1 is at the limit in period 0
-    charge("d2")
+    for document in ("d2", "d3", "d4"):
+        charge(document)
+    late = charge("d5", settle=False)  # still running when the period ends
     ledger.new_period("acme", "bob")
     for _ in range(2):
         charge("d1")  # period 1: d1 has spent 2 of 3
-    assert ledger.prune_history(0.0) == {"charges": 6, "documents": 2}
+    # another tenant's "bob" is in a later period: it must not make acme's current one past
+    charge("d1", tenant="other")
+    ledger.new_period("other", "bob")
+    ledger.new_period("other", "bob")
+    assert ledger.prune_history(0.0, chunk=2) == {"charges": 9, "documents": 6}
     with ledger.transaction() as cur:
         rows = ledger._execute(
-            cur, "SELECT period, document_id, spend_units FROM sentdp_documents"
+            cur,
+            "SELECT tenant, period, document_id, spend_units FROM sentdp_documents ORDER BY tenant",
         ).fetchall()
-    assert [(int(p), str(d), int(u)) for p, d, u in rows] == [(1, "d1", 2 * MICRO)]
+    assert [(str(t), int(p), str(d), int(u)) for t, p, d, u in rows] == [
+        ("acme", 1, "d1", 2 * MICRO)
+    ]
+    before = ledger.account("acme", "bob")
+    ledger.settle("acme", "bob", [], late.charge_ids)  # a past period's refund moves nothing
+    assert ledger.account("acme", "bob") == before
     charge("d1")  # the current period's spend still binds: one more, then refused
     with pytest.raises(BudgetExhaustedError):
         ledger.reserve("acme", "bob", Charge("deepcandidate", MICRO, 1, ("d1",)), policy, "req")
+
+
+@pytest.mark.postgres
+def test_pruning_on_postgresql_skips_rows_another_transaction_holds(
+    ledger_url: tuple[str, str],
+) -> None:
+    """A refund locks a past period's per-document spends in its own order; prune must not
+    wait for them (the two could deadlock), only leave them for its next run."""
+    import threading
+
+    from sentdp.accounting import PER_DOCUMENT
+
+    url, schema = ledger_url
+    if not url.startswith("postgresql"):
+        pytest.skip("SQLite has one writer at a time")
+    ledger, holder = open_ledger(url, schema), open_ledger(url, schema)
+    policy = Policy(group_size=1, limit_micro=3 * MICRO, composition=PER_DOCUMENT)
+    for document in ("d1", "d2"):
+        result = ledger.reserve(
+            "acme", "bob", Charge("deepcandidate", MICRO, 1, (document,)), policy, "req"
+        )
+        assert isinstance(result, Reservation)
+    ledger.new_period("acme", "bob")
+    done: list[dict[str, int]] = []
+    with holder.transaction() as cur:
+        holder._execute(cur, "SELECT 1 FROM sentdp_documents WHERE document_id = 'd1' FOR UPDATE")
+        pruning = threading.Thread(target=lambda: done.append(ledger.prune_history(0.0)))
+        pruning.start()
+        pruning.join(15)
+        assert done == [{"charges": 0, "documents": 1}], "prune waited for a held row"
+    assert ledger.prune_history(0.0) == {"charges": 0, "documents": 1}  # d1, once released
+    ledger.close()
+    holder.close()
