@@ -94,13 +94,19 @@ def protect_metrics_folder() -> None:
     is just after BentoML recreated the folder and before any server process writes a file
     (a file opened before the change would stay readable through its open handle).
     """
+    path = metrics_folder()
+    if path is not None and path.is_dir() and path.stat().st_uid == os.getuid():
+        path.chmod(0o700)
+
+
+def metrics_folder() -> Path | None:
+    """BentoML's folder of every process's metric values (``PROMETHEUS_MULTIPROC_DIR``, else
+    ``$BENTOML_HOME/prometheus_multiproc_dir``): shared by every process of one server,
+    emptied by ``bentoml serve`` at each launch, and private to the server's user once the
+    gateway's module is imported (:func:`protect_metrics_folder`)."""
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if not folder:
         from bentoml._internal.configuration.containers import BentoMLContainer
 
         folder = BentoMLContainer.prometheus_multiproc_dir.get()
-    if not folder:
-        return
-    path = Path(folder)
-    if path.is_dir() and path.stat().st_uid == os.getuid():
-        path.chmod(0o700)
+    return Path(folder) if folder else None

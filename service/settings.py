@@ -189,7 +189,9 @@ class ServiceSettings(BaseSettings):
     """GPUs the worker service requests from the deployment (0: run on what is there)."""
     fault_marker: str | None = None
     """TESTS ONLY, never in production: a document whose first sentence is ``<marker>:before``
-    fails in the worker before sampling, ``<marker>:after`` right after it."""
+    fails in the worker before sampling, ``<marker>:after`` right after it, and
+    ``<marker>:close`` makes the worker process that receives it refuse to serve from then on
+    (as if a bucket's check had raised twice)."""
     sample_journal: Path | None = None
     """When set, the worker appends each charge id here before drawing its randomness (audits,
     fault tests); the journal holds ids only, never text."""

@@ -31,7 +31,7 @@ from sentdp.mean_selection import MeanCandidate
 from sentdp.mechanism import DeepCandidate
 from service import logs
 from service.invariance import LaterChecks, NoInvariantModeError, StartUpCheck, invariant_encoder
-from service.metrics import metric
+from service.metrics import metric, metrics_folder
 from service.scheduling import BATCH_KEY, ComputeThread, FairGate
 from service.schemas import (
     BACKLOG_ERROR,
@@ -141,6 +141,20 @@ def _resources() -> dict[str, Any]:
     return {"gpu": BOOT.worker_gpus} if BOOT.worker_gpus else {}
 
 
+CLOSED_MARKER = "sentdp-worker-closed"
+
+
+def closed_marker() -> Path | None:
+    """The file a worker process that refuses to serve leaves for the server's other worker
+    processes, whose /readyz then says not ready too, until the server is restarted: in
+    :func:`~service.metrics.metrics_folder`, which they share and ``bentoml serve`` empties
+    at each launch; None outside a server (no such folder)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") is None:
+        return None  # not a server's process: in-process use shares no folder
+    folder = metrics_folder()
+    return folder / CLOSED_MARKER if folder is not None else None
+
+
 @bentoml.service(
     name="sentdp-worker",
     workers=BOOT.worker_count(),
@@ -175,6 +189,7 @@ class Worker:
         self.compute = ComputeThread()  # torch's start-up and every computation: one team
         self.closed = False
         """No encoder mode passed a bucket's check after start-up: every item is refused."""
+        self.closed_marker = closed_marker()
         self.rechoices = 0
         self.compute.run(self._open_encoder, settings)
         logs.log_event("worker_start_phases", logging.INFO, **self.phases.seconds)
@@ -188,8 +203,12 @@ class Worker:
         client that does not wait for /readyz) waits inside the worker for the checks, and
         BentoML's batching dispatcher, which learns batch times from such calls, then
         cancelled queued calls (measured: 72 of 200 requests refused, 503, right after a
-        start)."""
-        return not self.closed and not self.later.pending()
+        start). Not ready either once another worker process of the server refuses to serve
+        (:func:`closed_marker`): the gateway's probe reaches one worker process, so with
+        several the server's /readyz would otherwise answer both ways."""
+        if self.closed or self.later.pending():
+            return False
+        return self.closed_marker is None or not self.closed_marker.exists()
 
     def _open_encoder(self, settings: ServiceSettings) -> None:
         """Load G, check that batching cannot move an embedding, build the mechanisms (on
@@ -328,9 +347,15 @@ class Worker:
         self._build_mechanisms()
 
     def _close(self, **fields: Any) -> None:
-        """Refuse every item from now on (logged by :func:`~service.logs.log_failure`)."""
+        """Refuse every item from now on (logged by :func:`~service.logs.log_failure`), and
+        leave the :func:`closed_marker` for the server's other worker processes."""
         self.closed = True
         logs.log_failure("worker_refusing_to_serve", logging.ERROR, **fields)
+        if self.closed_marker is not None:
+            try:
+                self.closed_marker.touch()
+            except OSError:
+                logs.log_failure("worker_closed_marker_failed", logging.ERROR)
 
     def _checked_buckets(
         self,
@@ -344,6 +369,13 @@ class Worker:
         request of the batch has waited past :func:`check_limit`. The items to encode: those
         whose request has not (the others draw nothing: :data:`LATE`), or none, each
         answered :data:`CLOSED`, once the worker refuses to serve."""
+        closing = f"{self.fault_marker}:close"  # tests only: as if a check raised twice
+        if (
+            self.fault_marker
+            and not self.closed
+            and any(i.sentences[:1] == [closing] for _, _, i in live)
+        ):
+            self._close(bucket=None)
         if not live or (not self.closed and not self.later.pending()):
             return live
         while not self.closed and (pending := self.later.pending()):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,7 +17,7 @@ from service.invariance import LaterChecks, NoInvariantModeError, StartUpCheck
 from service.logs import JsonFormatter
 from service.scheduling import ComputeThread, FairGate
 from service.schemas import CLOSED_ERROR, LATE_ERROR, WorkItem, WorkRequest, WorkResult
-from service.worker import LATER_KEY, Worker, check_limit
+from service.worker import CLOSED_MARKER, LATER_KEY, Worker, check_limit, closed_marker
 from tests.sentdp.fake_encoders import CHAR_BUCKETS, FixedPasses, in_bucket
 
 DEFAULT = [8, 16, 64, 256]  # the fake's buckets the invariance probes reach
@@ -47,6 +48,7 @@ def worker(encoder: Any, remode: Any = None) -> SimpleNamespace:
     """The worker's state and bucket-checking methods around ``encoder``; ``remode`` stands
     for choosing the mode again (every bucket checked, the failed encoder rejected)."""
     ns = SimpleNamespace(encoder=encoder, encoder_mode="cpu", closed=False, remodes=[])
+    ns.closed_marker, ns.fault_marker = None, None
     ns.rechoices = 0
     ns._build_mechanisms = lambda: None
     ns.later = LaterChecks(encoder, DEFAULT, "later")
@@ -181,6 +183,7 @@ def test_the_real_mode_choice_after_a_fault_rejects_the_encoder_and_checks_every
 
     monkeypatch.setattr(module, "invariant_encoder", choose)
     ns = SimpleNamespace(encoder=FixedPasses(8, in_bucket(128), fixed=False), closed=False)
+    ns.closed_marker, ns.fault_marker = None, None
     ns.encoder_mode, ns._reopen, ns.device, ns.built, ns.rechoices = "cpu", None, "cuda:0", 0, 0
     ns._batch_invariant_encoder = lambda every_bucket, rejected=False: (
         Worker.inner._batch_invariant_encoder(ns, every_bucket, rejected)
@@ -244,6 +247,28 @@ def test_a_check_that_raises_twice_closes_the_worker(
     assert Worker.inner.__is_ready__(ns) is False
     Worker.inner._check_later(ns, 512)  # nothing runs again once closed
     assert encoder.raised == 2
+
+
+def test_a_closed_worker_leaves_a_marker_that_makes_its_siblings_not_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With several worker processes the gateway's probe reaches one of them: the one that
+    refuses to serve leaves a file in the server's shared metrics folder, and every other
+    one then says not ready too (in-process, with no such folder, none is written)."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    assert closed_marker() == tmp_path / CLOSED_MARKER
+    failing = worker(Raises(8, RuntimeError, RuntimeError), remode=FixedPasses(8))
+    sibling = worker(FixedPasses(8))
+    failing.closed_marker = sibling.closed_marker = closed_marker()
+    Worker.inner._check_later(sibling, 512)
+    assert Worker.inner.__is_ready__(sibling) is True
+    assert checked(failing, request(5))[0] == []
+    assert (failing.closed, sibling.closed) == (True, False)
+    assert (tmp_path / CLOSED_MARKER).exists()
+    assert Worker.inner.__is_ready__(sibling) is False  # it still serves, but is not ready
+    assert checked(sibling, request(5))[0] == live(request(5))
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    assert closed_marker() is None
 
 
 def test_a_new_mode_whose_mechanisms_fail_to_build_closes_the_worker_at_once(
