@@ -191,7 +191,8 @@ class ServiceSettings(BaseSettings):
     """TESTS ONLY, never in production: a document whose first sentence is ``<marker>:before``
     fails in the worker before sampling, ``<marker>:after`` right after it, and
     ``<marker>:close`` makes the worker process that receives it refuse to serve from then on
-    (as if a bucket's check had raised twice)."""
+    (as if a bucket's check had raised twice), which takes the whole server out of readiness:
+    any tenant who knows the marker could do that."""
     sample_journal: Path | None = None
     """When set, the worker appends each charge id here before drawing its randomness (audits,
     fault tests); the journal holds ids only, never text."""

@@ -47,6 +47,8 @@ def test_one_closed_worker_process_makes_the_whole_server_not_ready(
             timeout=30,
         )
         assert budget.json()["spent_epsilon"] == 0  # refunded
+        # the gateways' probes reuse one connection each: the file is what every worker reads
+        assert (Path(str(server.home)) / "prometheus_multiproc_dir/sentdp-worker-closed").exists()
     finally:
         server.stop()
     assert len(log_events(server.log, "worker_refusing_to_serve")) == 1  # type: ignore[arg-type]
