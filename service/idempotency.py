@@ -90,8 +90,6 @@ class BodySigner:
 
 
 CALLER_BYTES = 32
-
-
 CALLER_LABEL = b"sentdp body-hmac caller"
 
 

@@ -31,7 +31,7 @@ from sentdp.mean_selection import MeanCandidate
 from sentdp.mechanism import DeepCandidate
 from service import logs
 from service.invariance import LaterChecks, NoInvariantModeError, StartUpCheck, invariant_encoder
-from service.metrics import metric, metrics_folder
+from service.metrics import metric
 from service.scheduling import BATCH_KEY, ComputeThread, FairGate
 from service.schemas import (
     BACKLOG_ERROR,
@@ -146,13 +146,12 @@ CLOSED_MARKER = "sentdp-worker-closed"
 
 def closed_marker() -> Path | None:
     """The file a worker process that refuses to serve leaves for the server's other worker
-    processes, whose /readyz then says not ready too, until the server is restarted: in
-    :func:`~service.metrics.metrics_folder`, which they share and ``bentoml serve`` empties
-    at each launch; None outside a server (no such folder)."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") is None:
-        return None  # not a server's process: in-process use shares no folder
-    folder = metrics_folder()
-    return folder / CLOSED_MARKER if folder is not None else None
+    processes, whose /readyz then says not ready too, until the server is launched again:
+    in BentoML's metrics folder (``PROMETHEUS_MULTIPROC_DIR``, which ``bentoml serve`` sets
+    for every process of the server and empties at each launch); None in a process it did
+    not start (in-process use shares no folder)."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    return Path(folder) / CLOSED_MARKER if folder else None
 
 
 @bentoml.service(

@@ -658,6 +658,9 @@ class SqlLedger(abc.ABC):
             deleted["documents"] += len(rows)
             if len(rows) < chunk:
                 break
+            # the next chunk starts after the largest key in Python's order: where the
+            # database collates text otherwise it may start early or late, which deletes
+            # nothing the condition does not select and leaves what it passes to a next run
             t, u, period, d = max(tuple(r) for r in rows)
             last = {"lt": t, "lu": u, "lp": period, "ld": d}
             resume = f" AND {key} > (:lt, :lu, :lp, :ld)"
