@@ -79,6 +79,17 @@ def write_tenants(path: Path, tenants: tuple[TenantSpec, ...] = TENANTS) -> Path
     return path
 
 
+def sqlite_server_env(folder: Path, model: str, **extra: str) -> dict[str, str]:
+    """The settings of a server of ``model`` for :data:`TENANTS` on an SQLite ledger in
+    ``folder``, plus ``extra``."""
+    return {
+        "SENTDP_MODEL": model,
+        "SENTDP_TENANTS_FILE": str(write_tenants(folder / "tenants.json")),
+        "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
+        **extra,
+    }
+
+
 def draws_server(folder: Path, model: str, tenants: list[Tenant], documents: int) -> Server:
     """A started server of ``model`` for ``tenants`` on an SQLite ledger in ``folder``, taking
     up to ``documents`` documents per request (for tests that draw many samples)."""

@@ -98,21 +98,20 @@ def test_a_server_that_reports_usage_to_bentoml_says_so_in_its_log(
     """BentoML's server sends its makers request counts by endpoint and status unless
     BENTOML_DO_NOT_TRACK=true (every launcher and image of sentdp sets it): a server started
     without it warns, once per gateway process, and one started with it says nothing."""
-    from tests.support import Server, write_tenants
+    from tests.support import Server, sqlite_server_env
 
     def warnings(text: str) -> list[dict[str, Any]]:
         return [e for e in entries(text) if e.get("event") == "usage_tracking_on"]
 
     assert server.log is not None
     assert warnings(server.log.read_text(errors="replace")) == []
-    env = {
-        "SENTDP_MODEL": quick_bundle_tag,
-        "SENTDP_TENANTS_FILE": str(write_tenants(tmp_path / "tenants.json")),
-        "SENTDP_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.sqlite3'}",
-        "SENTDP_GATEWAY_WORKERS": "1",
-        "BENTOML_DO_NOT_TRACK": "false",
-        "__BENTOML_DEBUG_USAGE": "true",  # BentoML then logs its reports instead of sending
-    }
+    env = sqlite_server_env(
+        tmp_path,
+        quick_bundle_tag,
+        SENTDP_GATEWAY_WORKERS="1",
+        BENTOML_DO_NOT_TRACK="false",
+        __BENTOML_DEBUG_USAGE="true",  # BentoML then logs its reports instead of sending
+    )
     tracked = Server(env, log=tmp_path / "server.log").start()
     try:
         (warning,) = warnings(tracked.log.read_text(errors="replace"))  # type: ignore[union-attr]

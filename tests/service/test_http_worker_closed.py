@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import TENANTS, Server, error_of, log_events, privatize, write_tenants
+from tests.support import TENANTS, Server, error_of, log_events, privatize, sqlite_server_env
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -17,14 +17,13 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 def test_one_closed_worker_process_makes_the_whole_server_not_ready(
     quick_bundle_tag: str, tmp_path: Path
 ) -> None:
-    env = {
-        "SENTDP_MODEL": quick_bundle_tag,
-        "SENTDP_TENANTS_FILE": str(write_tenants(tmp_path / "tenants.json")),
-        "SENTDP_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.sqlite3'}",
-        "SENTDP_FAULT_MARKER": "FAULT",
-        "SENTDP_GATEWAY_WORKERS": "2",
-        "SENTDP_WORKER_PROCESSES": "2",
-    }
+    env = sqlite_server_env(
+        tmp_path,
+        quick_bundle_tag,
+        SENTDP_FAULT_MARKER="FAULT",
+        SENTDP_GATEWAY_WORKERS="2",
+        SENTDP_WORKER_PROCESSES="2",
+    )
     server = Server(env, log=tmp_path / "server.log").start()
     try:
         closing = privatize(
