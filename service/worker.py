@@ -368,13 +368,8 @@ class Worker:
         request of the batch has waited past :func:`check_limit`. The items to encode: those
         whose request has not (the others draw nothing: :data:`LATE`), or none, each
         answered :data:`CLOSED`, once the worker refuses to serve."""
-        closing = f"{self.fault_marker}:close"  # tests only: as if a check raised twice
-        if (
-            self.fault_marker
-            and not self.closed
-            and any(i.sentences[:1] == [closing] for _, _, i in live)
-        ):
-            self._close(bucket=None)
+        if not self.closed and faulted(self.fault_marker, [i for _, _, i in live], "close"):
+            self._close(bucket=None)  # tests only: as if a check had raised twice
         if not live or (not self.closed and not self.later.pending()):
             return live
         while not self.closed and (pending := self.later.pending()):
@@ -524,9 +519,7 @@ class Worker:
         return encode_once(self.encoder, keyed)
 
     def _inject_fault(self, items: list[WorkItem], stage: str) -> None:
-        if self.fault_marker and any(
-            i.sentences[0] == f"{self.fault_marker}:{stage}" for i in items
-        ):
+        if faulted(self.fault_marker, items, stage):
             raise RuntimeError(f"injected fault {stage} sampling")
 
     def _journal(self, items: list[WorkItem]) -> None:
@@ -536,6 +529,11 @@ class Worker:
             handle.write("".join(f"{item.charge_id}\n" for item in items))
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def faulted(marker: str | None, items: list[WorkItem], stage: str) -> bool:
+    """Tests only: whether an item's first sentence is ``<marker>:<stage>``."""
+    return bool(marker) and any(i.sentences[:1] == [f"{marker}:{stage}"] for i in items)
 
 
 def check_limit(request: WorkRequest) -> float:

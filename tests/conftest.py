@@ -138,20 +138,19 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple
 def server(quick_bundle_tag: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """One real `bentoml serve` (2 gateway workers + the batched worker) on an SQLite ledger,
     with small limits, a sample journal and the test-only fault marker."""
-    from tests.support import Server, write_tenants
+    from tests.support import Server, sqlite_server_env
 
     folder = tmp_path_factory.mktemp("server")
-    env = {
-        "SENTDP_MODEL": quick_bundle_tag,
-        "SENTDP_TENANTS_FILE": str(write_tenants(folder / "tenants.json")),
-        "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
-        "SENTDP_SAMPLE_JOURNAL": str(folder / "journal.txt"),
-        "SENTDP_FAULT_MARKER": "FAULT",
-        "SENTDP_MAX_SENTENCES": "40",
-        "SENTDP_MAX_DOCUMENTS": "4",
-        "SENTDP_MAX_BODY_BYTES": "65536",
-        "SENTDP_BATCH_MAX_SENTENCES": "100",  # small enough for a test request to exceed
-    }
+    env = sqlite_server_env(
+        folder,
+        quick_bundle_tag,
+        SENTDP_SAMPLE_JOURNAL=str(folder / "journal.txt"),
+        SENTDP_FAULT_MARKER="FAULT",
+        SENTDP_MAX_SENTENCES="40",
+        SENTDP_MAX_DOCUMENTS="4",
+        SENTDP_MAX_BODY_BYTES="65536",
+        SENTDP_BATCH_MAX_SENTENCES="100",  # small enough for a test request to exceed
+    )
     started = Server(env, log=folder / "server.log").start()
     yield started
     started.stop()

@@ -79,12 +79,14 @@ def write_tenants(path: Path, tenants: tuple[TenantSpec, ...] = TENANTS) -> Path
     return path
 
 
-def sqlite_server_env(folder: Path, model: str, **extra: str) -> dict[str, str]:
-    """The settings of a server of ``model`` for :data:`TENANTS` on an SQLite ledger in
+def sqlite_server_env(
+    folder: Path, model: str, tenants: tuple[TenantSpec, ...] = TENANTS, **extra: str
+) -> dict[str, str]:
+    """The settings of a server of ``model`` for ``tenants`` on an SQLite ledger in
     ``folder``, plus ``extra``."""
     return {
         "SENTDP_MODEL": model,
-        "SENTDP_TENANTS_FILE": str(write_tenants(folder / "tenants.json")),
+        "SENTDP_TENANTS_FILE": str(write_tenants(folder / "tenants.json", tenants)),
         "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
         **extra,
     }

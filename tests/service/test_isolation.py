@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from service.ledger import open_ledger
-from tests.support import Server, TenantSpec, read_journal, write_tenants
+from tests.support import Server, TenantSpec, read_journal, sqlite_server_env
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -23,12 +23,8 @@ CALM = TenantSpec("calm", "sdp_test_calm_key_0123456789abcdef", 10.0, 1, 1e6)
 
 
 def start(quick_bundle_tag: str, folder: Path, **env: str) -> Server:
-    base = {
-        "SENTDP_MODEL": quick_bundle_tag,
-        "SENTDP_TENANTS_FILE": str(write_tenants(folder / "tenants.json", (FLOOD, CALM))),
-        "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
-        "SENTDP_SAMPLE_JOURNAL": str(folder / "journal.txt"),
-    }
+    journal = {"SENTDP_SAMPLE_JOURNAL": str(folder / "journal.txt")}
+    base = sqlite_server_env(folder, quick_bundle_tag, (FLOOD, CALM), **journal)
     return Server(base | env, log=folder / "server.log").start()
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from loadtests.cold_start import start_parts
-from tests.support import LOG_FIELDS, TENANTS, Server, log_events, privatize, write_tenants
+from tests.support import LOG_FIELDS, TENANTS, Server, log_events, privatize, sqlite_server_env
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -34,13 +34,7 @@ def serve(
     refused: str | None = None,
     **extra: str,
 ) -> Server:
-    env = {
-        "SENTDP_MODEL": tag,
-        "SENTDP_TENANTS_FILE": str(write_tenants(folder / "tenants.json")),
-        "SENTDP_LEDGER_URL": f"sqlite:///{folder / 'ledger.sqlite3'}",
-        "SENTDP_ENCODER_BACKEND": expected,
-        **extra,
-    }
+    env = sqlite_server_env(folder, tag, SENTDP_ENCODER_BACKEND=expected, **extra)
     return Server(env, log=folder / "server.log").start(timeout, refused)
 
 
