@@ -658,9 +658,10 @@ class SqlLedger(abc.ABC):
             deleted["documents"] += len(rows)
             if len(rows) < chunk:
                 break
-            # the next chunk starts after the largest key in Python's order: where the
-            # database collates text otherwise it may start early or late, which deletes
-            # nothing the condition does not select and leaves what it passes to a next run
+            # the next chunk starts after this chunk's largest key in Python's order, which is
+            # SQLite's; where PostgreSQL collates text otherwise, that key is still one of
+            # this chunk's rows, so the next chunk can only start early (over rows just
+            # deleted or held by others), never past a row it should take
             t, u, period, d = max(tuple(r) for r in rows)
             last = {"lt": t, "lu": u, "lp": period, "ld": d}
             resume = f" AND {key} > (:lt, :lu, :lp, :ld)"

@@ -879,6 +879,62 @@ def test_pruning_keeps_the_current_periods_per_document_spends(ledger: SqlLedger
 
 
 @pytest.mark.postgres
+def test_pruning_on_postgresql_takes_every_row_where_text_collates_unlike_python(
+    ledger_url: tuple[str, str],
+) -> None:
+    """A chunk resumes after its largest key in Python's order (code points). Under a
+    collation where "a" < "B" < "c" < "D", unlike Python, one run must still take every
+    past period's row, not skip those the database orders between."""
+    from sentdp.accounting import PER_DOCUMENT
+
+    url, schema = ledger_url
+    if not url.startswith("postgresql"):
+        pytest.skip("SQLite compares text as Python does")
+    ledger = open_ledger(url, schema)
+    with ledger.transaction() as cur:
+        icu = ledger._execute(
+            cur, "SELECT 1 FROM pg_collation WHERE collname = 'en-US-x-icu'"
+        ).fetchone()
+    if icu is None:
+        ledger.close()
+        pytest.skip("this PostgreSQL server was built without ICU collations")
+    with ledger.transaction() as cur:
+        columns = ledger._execute(
+            cur,
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = :s AND data_type = 'text' "
+            "AND table_name IN ('sentdp_accounts', 'sentdp_documents', 'sentdp_charges')",
+            {"s": schema},
+        ).fetchall()
+        assert len(columns) >= 7
+        for table, column in columns:
+            ledger._execute(
+                cur,
+                f'ALTER TABLE {table} ALTER COLUMN {column} TYPE TEXT COLLATE "en-US-x-icu"',
+            )
+        ordered = ledger._execute(
+            cur,
+            "SELECT x FROM (VALUES ('c'), ('D'), ('a'), ('B')) v(x) "
+            'ORDER BY x COLLATE "en-US-x-icu"',
+        ).fetchall()
+    assert [str(r[0]) for r in ordered] == ["a", "B", "c", "D"]  # unlike sorted(): B D a c
+    policy = Policy(group_size=1, limit_micro=3 * MICRO, composition=PER_DOCUMENT)
+    documents = ["c", "D", "a", "B", "e", "F"]
+    for document in documents:
+        result = ledger.reserve(
+            "acme", "bob", Charge("deepcandidate", MICRO, 1, (document,)), policy, "req"
+        )
+        assert isinstance(result, Reservation)
+        ledger.settle("acme", "bob", result.charge_ids, [])
+    ledger.new_period("acme", "bob")
+    assert ledger.prune_history(0.0, chunk=2) == {"charges": 6, "documents": 6}
+    with ledger.transaction() as cur:
+        left = ledger._execute(cur, "SELECT count(*) FROM sentdp_documents").fetchone()
+    assert int(left[0]) == 0
+    ledger.close()
+
+
+@pytest.mark.postgres
 def test_pruning_on_postgresql_skips_rows_another_transaction_holds(
     ledger_url: tuple[str, str],
 ) -> None:
