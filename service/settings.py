@@ -187,12 +187,6 @@ class ServiceSettings(BaseSettings):
     Unset: 1, or :func:`default_worker_processes` on a GPU deployment."""
     worker_gpus: int = Field(default=0, ge=0)
     """GPUs the worker service requests from the deployment (0: run on what is there)."""
-    fault_marker: str | None = None
-    """TESTS ONLY, never in production: a document whose first sentence is ``<marker>:before``
-    fails in the worker before sampling, ``<marker>:after`` right after it, and
-    ``<marker>:close`` makes the worker process that receives it refuse to serve from then on
-    (as if a bucket's check had raised twice), which takes the whole server out of readiness:
-    any tenant who knows the marker could do that."""
     sample_journal: Path | None = None
     """When set, the worker appends each charge id here before drawing its randomness (audits,
     fault tests); the journal holds ids only, never text."""

@@ -180,7 +180,7 @@ class Worker:
         self.bundle.check_encoder(settings.encoder_backend)
         self.variants = {v.record.name: v for v in self.bundle.variants}
         self.journal = settings.sample_journal
-        self.fault_marker = settings.fault_marker
+        self.fault_marker = FAULT_MARKER
         self.trim_memory = MemoryTrim(settings.memory_trim_interval_s)
         if self.fault_marker:
             logs.log_event("fault_marker_set_tests_only", logging.WARNING)
@@ -529,6 +529,15 @@ class Worker:
             handle.write("".join(f"{item.charge_id}\n" for item in items))
             handle.flush()
             os.fsync(handle.fileno())
+
+
+FAULT_MARKER: str | None = None
+"""Tests only: a document whose first sentence is ``<marker>:before`` fails in the worker
+before sampling, ``<marker>:after`` right after it, and ``<marker>:close`` makes the worker
+process that receives it refuse to serve from then on (as if a bucket's check had raised
+twice). No setting reaches it: only code imported before the service sets it
+(``tests/faulty_server.py``, served by the tests), so no deployment can be made to let a
+tenant fail or close its worker."""
 
 
 def faulted(marker: str | None, items: list[WorkItem], stage: str) -> bool:

@@ -137,20 +137,19 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple
 @pytest.fixture(scope="session")
 def server(quick_bundle_tag: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """One real `bentoml serve` (2 gateway workers + the batched worker) on an SQLite ledger,
-    with small limits, a sample journal and the test-only fault marker."""
-    from tests.support import Server, sqlite_server_env
+    with small limits, a sample journal and the test-only faults (:mod:`tests.faulty_server`)."""
+    from tests.support import FAULTY_TARGET, Server, sqlite_server_env
 
     folder = tmp_path_factory.mktemp("server")
     env = sqlite_server_env(
         folder,
         quick_bundle_tag,
         SENTDP_SAMPLE_JOURNAL=str(folder / "journal.txt"),
-        SENTDP_FAULT_MARKER="FAULT",
         SENTDP_MAX_SENTENCES="40",
         SENTDP_MAX_DOCUMENTS="4",
         SENTDP_MAX_BODY_BYTES="65536",
         SENTDP_BATCH_MAX_SENTENCES="100",  # small enough for a test request to exceed
     )
-    started = Server(env, log=folder / "server.log").start()
+    started = Server(env, target=FAULTY_TARGET, log=folder / "server.log").start()
     yield started
     started.stop()

@@ -118,6 +118,11 @@ def private_home(shared: Path) -> Path:
     return home
 
 
+FAULTY_TARGET = "tests.faulty_server:Gateway"
+"""``bentoml serve``'s target for a server with the worker's test-only faults on (a string:
+importing :mod:`tests.faulty_server` here would turn them on in the test process too)."""
+
+
 @dataclass
 class Server:
     """``bentoml serve`` in its own process group, configured by SENTDP_* variables."""

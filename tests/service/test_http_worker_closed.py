@@ -9,7 +9,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import TENANTS, Server, error_of, log_events, privatize, sqlite_server_env
+from tests.support import (
+    FAULTY_TARGET,
+    TENANTS,
+    Server,
+    error_of,
+    log_events,
+    privatize,
+    sqlite_server_env,
+)
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -20,11 +28,10 @@ def test_one_closed_worker_process_makes_the_whole_server_not_ready(
     env = sqlite_server_env(
         tmp_path,
         quick_bundle_tag,
-        SENTDP_FAULT_MARKER="FAULT",
         SENTDP_GATEWAY_WORKERS="2",
         SENTDP_WORKER_PROCESSES="2",
     )
-    server = Server(env, log=tmp_path / "server.log").start()
+    server = Server(env, target=FAULTY_TARGET, log=tmp_path / "server.log").start()
     try:
         closing = privatize(
             server, "c-user", 1.0, TENANTS[0].key, documents=[{"sentences": ["FAULT:close"]}]

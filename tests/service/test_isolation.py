@@ -57,6 +57,7 @@ def test_a_flooding_tenant_does_not_make_another_pay_or_fail(
         SENTDP_WORKER_START_TIMEOUT_MS="12000",
         SENTDP_MAX_REQUEST_TOKENS="6000",
         SENTDP_TENANT_INFLIGHT_TOKENS="12000",
+        SENTDP_FAULT_MARKER="FAULT",  # read by no setting: the product's target has no faults
     )
     flood_statuses: Counter = Counter()
     stop = threading.Event()
@@ -80,10 +81,13 @@ def test_a_flooding_tenant_does_not_make_another_pay_or_fail(
             base_url=server.url, headers={"Authorization": f"Bearer {CALM.key}"}, timeout=300
         ) as http:
             for n in range(5):
+                text = f"An ordinary note {n}. It is short. Nothing more."
+                # the tests' fault markers as a hostile tenant would send them: plain sentences
+                first = ["FAULT:close", "FAULT:before", "FAULT:after"][n] if n < 3 else "A note."
                 body = {
                     "user": "c",
                     "epsilon": 1.0,
-                    "documents": [{"text": f"An ordinary note {n}. It is short. Nothing more."}],
+                    "documents": [{"text": text}, {"sentences": [first, "More."]}],
                 }
                 started = time.perf_counter()
                 response = http.post("/privatize", json=body)
@@ -98,7 +102,7 @@ def test_a_flooding_tenant_does_not_make_another_pay_or_fail(
     assert set(flood_statuses) <= {200, 429}, flood_statuses
     assert flood_statuses[429] > 0  # the flood hit its in-flight bound
     states = check_charges(server, tmp_path)
-    assert states["calm"] == Counter({"final": 5})  # every calm charge bought an embedding
+    assert states["calm"] == Counter({"final": 10})  # every calm charge bought an embedding
     # Every flood charge is final (a 200) or refunded (a 429 after waiting behind its own
     # requests); no 200 was lost and nothing else happened to a charge.
     assert states["flood"]["final"] == flood_statuses[200], (states, flood_statuses)
