@@ -535,9 +535,9 @@ FAULT_MARKER: str | None = None
 """Tests only: a document whose first sentence is ``<marker>:before`` fails in the worker
 before sampling, ``<marker>:after`` right after it, and ``<marker>:close`` makes the worker
 process that receives it refuse to serve from then on (as if a bucket's check had raised
-twice). No setting reaches it: only code imported before the service sets it
-(``tests/faulty_server.py``, served by the tests), so no deployment can be made to let a
-tenant fail or close its worker."""
+twice). Read when the worker starts. No setting reaches it: only code that runs in the
+worker process before that can set it (``tests/faulty_server.py``, which the tests serve and
+no Bento packs), so no deployment can be made to let a tenant fail or close its worker."""
 
 
 def faulted(marker: str | None, items: list[WorkItem], stage: str) -> bool:

@@ -28,6 +28,10 @@ def test_a_built_bento_serves_privatize(quick_bundle_tag: str, tmp_path: Path) -
     assert built.returncode == 0, built.stderr[-2000:]
     tag = built.stdout.strip().splitlines()[-1].removeprefix("__tag__:")
     assert tag.startswith("sentdp:")
+    name, version = tag.split(":")
+    source = Path(os.environ["BENTOML_HOME"]) / "bentos" / name / version.lower() / "src"
+    assert (source / "service" / "worker.py").is_file()
+    assert not (source / "tests").exists()  # tests/faulty_server.py turns faults on
     served_from = tmp_path / "elsewhere"  # not the repository: the Bento carries its own code
     served_from.mkdir()
     server = Server(
