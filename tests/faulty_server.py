@@ -1,11 +1,12 @@
 """The service with the worker's test-only faults on: ``bentoml serve
-tests.faulty_server:Gateway`` from the repository root. BentoML 1.4.39 starts every process
-of the server (the gateway's and the worker's) with this import string and imports it before
-it finds its service (``_bentoml_impl/worker/service.py``), so each sees the marker (the
-fault tests fail if one does not); documents
-whose first sentence is ``FAULT:before``, ``FAULT:after`` or ``FAULT:close`` fail as
+tests.faulty_server:Gateway`` from the repository root. Documents whose first sentence is
+``FAULT:before``, ``FAULT:after`` or ``FAULT:close`` fail as
 :data:`service.worker.FAULT_MARKER` says. The product's target, ``service.gateway:Gateway``,
-has no way to turn them on."""
+has no way to turn them on.
+
+BentoML 1.4.39 starts every process of the server (the gateway's and the worker's) with this
+import string and imports it before it finds its service (``_bentoml_impl/worker/service.py``),
+so each sees the marker; the fault tests fail if one does not."""
 
 from __future__ import annotations
 
