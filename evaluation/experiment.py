@@ -130,6 +130,7 @@ def bundle_encoder(bundle: Bundle, settings: TrainingSettings) -> Encoder:
         settings.encode_batch_size,
         threads=settings.threads,
         onnx_threading=settings.encoder_threading,
+        cpu_linear=settings.cpu_linear,
     )
 
 

@@ -121,6 +121,7 @@ def raw_encoder_rates(
             threads=THREADS,
             cuda_graphs=graphs,
             onnx_threading=split,
+            cpu_linear=settings.cpu_linear,
         )
         if not overlap:
             encoder.overlap_passes = False  # type: ignore[union-attr]
@@ -229,10 +230,19 @@ def threading_suffix(backend: str, threading: str) -> str:
 
 
 def encoder_mode(server: Server) -> str:
-    """The worker's encoder mode from its start-up log (cpu, cpu-fixed-batch, ...)."""
+    """The worker's encoder mode from its start-up log (cpu, cpu-fixed-batch, ...), with
+    the linear layers' library of a torch encoder on the CPU (``cpu (onednn)``)."""
+    import json
+
     for line in (server.log.read_text(errors="replace") if server.log else "").splitlines():
         if "encoder_batch_invariance" in line and '"mode"' in line:
-            return line.split('"mode"', 1)[1].split('"')[1]
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            mode = str(entry.get("mode"))
+            linear = entry.get("cpu_linear")
+            return f"{mode} ({linear})" if linear else mode
     return "unknown"
 
 

@@ -96,6 +96,7 @@ def main() -> None:
                 fixed_batch=fixed,
                 threads=settings.encoder_threads(),
                 onnx_threading=settings.encoder_threading,
+                cpu_linear=settings.cpu_linear,
             )
             encoder.encode(["Warm up the encoder."])
             return encoder

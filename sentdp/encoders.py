@@ -226,6 +226,7 @@ class SentenceEncoder:
         fixed_batch: bool = False,
         plain_torch: bool | None = None,
         cuda_graphs: bool = True,
+        cpu_linear: str = "blas",
     ) -> None:
         from sentdp import torch_bert
 
@@ -247,7 +248,9 @@ class SentenceEncoder:
 
             # Fixed-shape passes on CUDA replay one captured graph per bucket.
             graphs = cuda_graphs and fixed_batch
-            self._bert = torch_bert.TorchBert(self.path, self.device, cuda_graphs=graphs)
+            self._bert = torch_bert.TorchBert(
+                self.path, self.device, cuda_graphs=graphs, cpu_linear=cpu_linear
+            )
             self.max_tokens = max_tokens_of(self.path)
             self._tokenizer = SentenceTokenizer(self.path, self.max_tokens)
             self.dim = self._bert.dim
@@ -282,15 +285,24 @@ class SentenceEncoder:
             self._stack.eval()
         return self._stack
 
+    @property
+    def cpu_linear(self) -> str | None:
+        """How sentdp's pass runs its linear layers on the CPU (``blas`` or ``onednn``);
+        None on a GPU or in sentence-transformers."""
+        return self._bert.cpu_linear if self._bert is not None else None
+
     def describe(self) -> dict[str, Any]:
-        """What a model bundle records about G."""
-        return {
+        """What a model bundle records about G (and what keys its embeddings cache)."""
+        described = {
             "name": self.path.name,
             "dim": self.dim,
             "max_tokens": self.max_tokens,
             "length_buckets": self._buckets,
             "backend": "torch",
         }
+        if self.cpu_linear == "onednn":  # blas gives sentence-transformers' bits, as before
+            described["cpu_linear"] = "onednn"
+        return described
 
     def _ids(self, sentences: Sequence[str]) -> list[list[int]]:
         if self._bert is not None:
@@ -425,13 +437,22 @@ def open_encoder(
     cuda_graphs: bool = True,
     spin_between_runs: bool = False,
     onnx_threading: OnnxThreading = "rows",
+    cpu_linear: str = "blas",
 ) -> Encoder:
     """G from an encoder directory, run by ``backend`` (ONNX backends run on the CPU, their
     ``threads`` over row pieces of each pass or, ``onnx_threading="operators"``, inside each
     operator; ``spin_between_runs`` keeps operator threads spinning after a run, as ONNX
-    Runtime's default, instead of releasing the cores until the next)."""
+    Runtime's default, instead of releasing the cores until the next). ``cpu_linear``: how
+    torch's pass runs its linear layers on the CPU (:data:`sentdp.torch_bert.CPU_LINEARS`)."""
     if backend == "torch":
-        return SentenceEncoder(model_dir, device, batch_size, fixed_batch, cuda_graphs=cuda_graphs)
+        return SentenceEncoder(
+            model_dir,
+            device,
+            batch_size,
+            fixed_batch,
+            cuda_graphs=cuda_graphs,
+            cpu_linear=cpu_linear,
+        )
     if backend not in ENCODER_BACKENDS:
         raise InputError(f"unknown encoder backend {backend!r}; one of {ENCODER_BACKENDS}")
     if device not in (None, "cpu"):

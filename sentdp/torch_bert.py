@@ -18,6 +18,15 @@ neither, since both give the same bits.
 
 The weights come from the directory's ``model.safetensors``; the tokens from its
 ``tokenizer.json`` (:class:`sentdp.encoder_layout.SentenceTokenizer`).
+
+On the CPU the linear layers run either where torch sends them (``blas``: MKL in the PyPI
+wheels, which gives sentence-transformers' bits) or in oneDNN with weights packed once
+(``onednn``). MKL picks its kernels by CPU vendor and runs AVX2 code on AMD CPUs; oneDNN picks
+them by instruction set, and on a 2-core AMD EPYC Zen 5 its linear layers ran 2.4x MKL's and
+the whole encoder about 2x (docs/performance.md). oneDNN's embeddings differ from MKL's in the
+last bits (at most about 3e-7 measured), so a bundle records which ran in training; either way a
+row's bits must not depend on the rows beside it, which the worker's start-up check verifies
+on the encoder as it serves.
 """
 
 from __future__ import annotations
@@ -55,6 +64,60 @@ VERIFIED_LAYOUTS = {
 }
 """:func:`layout_sha256` of each directory whose forward pass here was compared bit for bit
 with sentence-transformers' (``tests/sentdp/test_torch_bert.py``)."""
+
+
+CPU_LINEARS = ("auto", "blas", "onednn")
+"""How the linear layers run on the CPU: ``auto`` is oneDNN on AMD CPUs (where MKL runs its
+AVX2 code) when torch has it, and torch's BLAS elsewhere."""
+LINEAR_PARTS = (
+    "attention.self.query",
+    "attention.self.key",
+    "attention.self.value",
+    "attention.output.dense",
+    "intermediate.dense",
+    "output.dense",
+)
+
+
+def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The CPU's vendor id (``AuthenticAMD``, ``GenuineIntel``), or None where unknown."""
+    try:
+        with cpuinfo.open() as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id":
+                    return value.strip()
+    except OSError:
+        return None
+    return None
+
+
+def onednn_linear_available() -> bool:
+    """Whether this torch build can run a linear layer in oneDNN with packed weights."""
+    import torch
+
+    ops = torch.ops.mkldnn
+    return bool(
+        torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+        and hasattr(ops, "_linear_pointwise")
+        and hasattr(ops, "_reorder_linear_weight")
+    )
+
+
+def resolve_cpu_linear(requested: str, vendor: str | None = None) -> str:
+    """``blas`` or ``onednn`` for a requested :data:`CPU_LINEARS` value; ``onednn`` asked
+    for where torch lacks it is an error, not a silent fallback."""
+    if requested not in CPU_LINEARS:
+        raise InputError(f"unknown CPU linear {requested!r}; one of {CPU_LINEARS}")
+    if requested == "blas":
+        return "blas"
+    available = onednn_linear_available()
+    if requested == "onednn":
+        if not available:
+            raise InputError("this torch build cannot run linear layers in oneDNN")
+        return "onednn"
+    vendor = cpu_vendor() if vendor is None else vendor
+    return "onednn" if available and vendor == "AuthenticAMD" else "blas"
 
 
 def layout_sha256(model_dir: Path) -> str:
@@ -101,7 +164,13 @@ def refusal(model_dir: Path) -> str | None:
 class TorchBert:
     """G's transformer and pooling for one BERT directory, on one torch device."""
 
-    def __init__(self, model_dir: Path, device: str = "cpu", cuda_graphs: bool = False) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        device: str = "cpu",
+        cuda_graphs: bool = False,
+        cpu_linear: str = "blas",
+    ) -> None:
         import torch
         from safetensors.torch import load_file
 
@@ -128,6 +197,15 @@ class TorchBert:
                 )
             self._weights[name] = tensor
         self.device = device
+        self.cpu_linear = resolve_cpu_linear(cpu_linear) if str(device) == "cpu" else None
+        """``blas`` or ``onednn`` on the CPU (see :data:`CPU_LINEARS`); None on a GPU."""
+        self._packed: dict[str, Any] = {}
+        if self.cpu_linear == "onednn":
+            for layer in range(self.layers):
+                for part in LINEAR_PARTS:
+                    name = f"encoder.layer.{layer}.{part}"
+                    weight = self._weights.pop(f"{name}.weight")
+                    self._packed[name] = torch.ops.mkldnn._reorder_linear_weight(weight)
         self.cuda_graphs = cuda_graphs and str(device).startswith("cuda")
         self._graphs: dict[tuple[int, ...], tuple[Any, Any, Any, Any]] = {}
         self._graph_lock = threading.Lock()  # a graph's static tensors serve one call at a time
@@ -266,7 +344,12 @@ class TorchBert:
         attend = mask.bool()[:, None, None, :].expand(rows, 1, length, length)
         head = self.dim // self.heads
 
+        packed = self._packed
+
         def linear(value: Any, name: str) -> Any:
+            if packed:
+                bias = w[f"{name}.bias"]
+                return torch.ops.mkldnn._linear_pointwise(value, packed[name], bias, "none", [], "")
             return functional.linear(value, w[f"{name}.weight"], w[f"{name}.bias"])
 
         def split(value: Any) -> Any:

@@ -222,5 +222,13 @@ def _serving(encoder: Any, device: str, mode: str) -> tuple[Any, str]:
     # CPUs); only a CUDA worker that fell back to the CPU is worth a warning.
     level = logging.WARNING if mode == "cpu-fallback" else logging.INFO
     graphs = bool(getattr(encoder, "cuda_graphs", False))
-    logs.log_event("encoder_batch_invariance", level, device=device, mode=mode, cuda_graphs=graphs)
+    linear = getattr(encoder, "cpu_linear", None)  # torch on the CPU: blas or onednn
+    logs.log_event(
+        "encoder_batch_invariance",
+        level,
+        device=device,
+        mode=mode,
+        cuda_graphs=graphs,
+        cpu_linear=linear,
+    )
     return encoder, mode

@@ -231,6 +231,7 @@ class Worker:
             threads=threads,
             spin_between_runs=settings.encoder_spin_between_runs,
             onnx_threading=settings.encoder_threading,
+            cpu_linear=settings.cpu_linear,
         )
         self.bundle.check_opened_encoder(self.encoder)
         self.phases.end("encoder_open")
@@ -405,6 +406,7 @@ class Worker:
             cuda_graphs=cuda_graphs,
             spin_between_runs=settings.encoder_spin_between_runs,
             onnx_threading=settings.encoder_threading,
+            cpu_linear=settings.cpu_linear,
         )
 
     def _run(self, requests: list[WorkRequest], key: Hashable) -> list[WorkReply]:

@@ -198,7 +198,12 @@ def _encoder(
     """G for ``config.encoder_backend``; an ONNX graph is exported (once, cached) first, int8
     calibrated on sentences of the public training split."""
     if config.encoder_backend == "torch":
-        return SentenceEncoder(settings.encoder_dir, settings.device, settings.encode_batch_size)
+        return SentenceEncoder(
+            settings.encoder_dir,
+            settings.device,
+            settings.encode_batch_size,
+            cpu_linear=settings.cpu_linear,
+        )
     from training.onnx_export import exported_encoder
 
     if settings.device not in (None, "cpu"):

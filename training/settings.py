@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
 from pydantic import Field, ValidationError, field_validator
@@ -29,6 +30,10 @@ class TrainingSettings(BaseSettings):
     encoder_threading: OnnxThreading = "rows"
     """How an ONNX encoder uses its threads: on row pieces of each pass side by side, or
     inside each operator (as the service's ``SENTDP_ENCODER_THREADING``)."""
+    cpu_linear: Literal["auto", "blas", "onednn"] = "auto"
+    """How the torch encoder runs its linear layers on the CPU (as the service's
+    ``SENTDP_CPU_LINEAR``): the bundle records ``onednn`` when it ran, and the embeddings
+    cache keeps the two apart."""
 
     @field_validator("device")
     @classmethod

@@ -1,0 +1,121 @@
+"""oneDNN's linear layers for the torch encoder on the CPU: a row's bits still depend on that
+row alone, the embeddings stay within float32 rounding of MKL's, ``auto`` picks it on AMD
+CPUs only, and training caches and records the two apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sentdp import torch_bert
+from sentdp.encoders import (
+    INVARIANCE_PROBES,
+    SentenceEncoder,
+    batch_invariance_violations,
+    bucket_probes,
+    default_encoder_path,
+)
+from sentdp.errors import InputError
+
+needs_onednn = pytest.mark.skipif(
+    not torch_bert.onednn_linear_available(), reason="this torch build has no oneDNN linear"
+)
+
+
+@pytest.fixture(scope="module")
+def sentences() -> list[str]:
+    """Real BBC News sentences of many lengths, and the invariance probes."""
+    from sentdp.text import TextLimits
+    from training.datasets import REGISTRY
+    from training.settings import load_settings
+
+    corpus = REGISTRY["bbc-news"](load_settings().cache_dir, TextLimits())
+    real = [s for document in corpus.documents[:30] for s in document.sentences]
+    return [*real[:300], *INVARIANCE_PROBES, " ".join(["token"] * 400)]
+
+
+@pytest.fixture(scope="module")
+def onednn() -> SentenceEncoder:
+    return SentenceEncoder(default_encoder_path(), "cpu", batch_size=32, cpu_linear="onednn")
+
+
+@needs_onednn
+def test_onednn_rows_depend_on_themselves_alone(onednn, sentences) -> None:
+    assert onednn.cpu_linear == "onednn"
+    assert len(set(onednn.buckets_of(sentences))) >= 6
+    together = onednn.encode(sentences)
+    alone = np.stack([onednn.encode([s])[0] for s in sentences])
+    np.testing.assert_array_equal(together, alone)
+    reversed_order = onednn.encode(sentences[::-1])[::-1]
+    np.testing.assert_array_equal(together, reversed_order)
+    # the worker's start-up check itself, swept over every row count of a pass, and a probe
+    # in every length bucket
+    assert batch_invariance_violations(onednn, sweep_rows=onednn.batch_size) == []
+    assert batch_invariance_violations(onednn, list(bucket_probes(onednn).values())) == []
+
+
+@needs_onednn
+def test_onednn_embeddings_are_mkl_s_within_float32_rounding(encoder, onednn, sentences) -> None:
+    assert encoder.cpu_linear == "blas"  # the library's default: sentence-transformers' bits
+    blas, packed = encoder.encode(sentences), onednn.encode(sentences)
+    assert np.abs(blas - packed).max() < 1e-5
+    cosine = (blas * packed).sum(axis=1)  # both unit length
+    assert cosine.min() > 1 - 1e-6
+
+
+@needs_onednn
+def test_onednn_packs_the_linear_weights_once(onednn) -> None:
+    bert = onednn._bert
+    assert bert is not None
+    assert len(bert._packed) == 6 * bert.layers
+    assert not any(name.endswith("dense.weight") for name in bert._weights)  # not held twice
+
+
+def test_auto_is_onednn_on_amd_cpus_and_blas_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch_bert, "onednn_linear_available", lambda: True)
+    assert torch_bert.resolve_cpu_linear("auto", vendor="AuthenticAMD") == "onednn"
+    assert torch_bert.resolve_cpu_linear("auto", vendor="GenuineIntel") == "blas"
+    assert torch_bert.resolve_cpu_linear("blas", vendor="AuthenticAMD") == "blas"
+    assert torch_bert.resolve_cpu_linear("onednn", vendor="GenuineIntel") == "onednn"
+    monkeypatch.setattr(torch_bert, "onednn_linear_available", lambda: False)
+    assert torch_bert.resolve_cpu_linear("auto", vendor="AuthenticAMD") == "blas"
+    with pytest.raises(InputError, match="cannot run linear layers in oneDNN"):
+        torch_bert.resolve_cpu_linear("onednn")
+    with pytest.raises(InputError, match="unknown CPU linear 'mkl'"):
+        torch_bert.resolve_cpu_linear("mkl")
+
+
+def test_the_cpu_vendor_is_read_from_cpuinfo(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n")
+    assert torch_bert.cpu_vendor(cpuinfo) == "AuthenticAMD"
+    cpuinfo.write_text("processor\t: 0\n")
+    assert torch_bert.cpu_vendor(cpuinfo) is None
+    assert torch_bert.cpu_vendor(tmp_path / "absent") is None
+
+
+@needs_onednn
+def test_training_records_onednn_and_caches_it_apart(encoder, onednn) -> None:
+    from training.embeddings import encoder_fingerprint
+
+    assert "cpu_linear" not in encoder.describe()  # bundles and caches as before
+    assert onednn.describe()["cpu_linear"] == "onednn"
+    assert encoder_fingerprint(encoder) != encoder_fingerprint(onednn)
+
+
+def test_the_settings_default_to_auto_and_refuse_another_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sentdp.errors import SettingsError
+    from service.settings import load_settings as service_settings
+    from training.settings import load_settings as training_settings
+
+    assert service_settings().cpu_linear == "auto"
+    assert training_settings().cpu_linear == "auto"
+    monkeypatch.setenv("SENTDP_CPU_LINEAR", "mkl")
+    with pytest.raises(SettingsError, match="SENTDP_CPU_LINEAR"):
+        service_settings()
+    with pytest.raises(SettingsError, match="SENTDP_CPU_LINEAR"):
+        training_settings()
