@@ -266,7 +266,9 @@ def _check_same_corpus(bundles: Sequence[Bundle]) -> None:
         raise ValueError("bundles evaluated together must share corpus and splits")
 
     def encoder_of(bundle: Bundle) -> str:
-        described = {k: v for k, v in bundle.manifest.encoder.items() if k != "name"}
+        # cpu_linear records what training ran; this run encodes with SENTDP_CPU_LINEAR
+        ignored = ("name", "cpu_linear")
+        described = {k: v for k, v in bundle.manifest.encoder.items() if k not in ignored}
         return json.dumps({"backend": bundle.encoder_backend} | described, sort_keys=True)
 
     if len({encoder_of(b) for b in bundles}) > 1:  # they would share the first's embeddings

@@ -212,8 +212,9 @@ class SentenceEncoder:
 
     A directory :mod:`sentdp.torch_bert` has verified (a BERT with mean pooling, as the
     encoder sentdp ships) runs in sentdp's own torch forward pass, bit-identical to
-    sentence-transformers on the CPU and without importing it or transformers; any other
-    directory runs in sentence-transformers.
+    sentence-transformers on the CPU (with ``cpu_linear="blas"``, the default here; ``onednn``
+    runs the linear layers in oneDNN, see :mod:`sentdp.torch_bert`) and without importing it
+    or transformers; any other directory runs in sentence-transformers.
     ``plain_torch=False`` forces sentence-transformers (tests compare the two). On CUDA,
     sentdp's pass in fixed-shape batches is captured once per bucket as a CUDA graph and
     replayed, the same kernels without their launch cost (``cuda_graphs=False``: eager)."""
@@ -292,7 +293,9 @@ class SentenceEncoder:
         return self._bert.cpu_linear if self._bert is not None else None
 
     def describe(self) -> dict[str, Any]:
-        """What a model bundle records about G (and what keys its embeddings cache)."""
+        """What a model bundle records about G (and what keys its embeddings cache). The
+        linear layers' library is recorded when it is oneDNN, for the record and the cache:
+        serving and evaluation choose theirs by their own settings."""
         described = {
             "name": self.path.name,
             "dim": self.dim,

@@ -6,15 +6,16 @@ pulls in SymPy and SciPy, and sentence-transformers 1.5 s more) and a share of i
 For the encoders sentdp ships (BERT with mean pooling, optionally normalized, as
 all-MiniLM-L6-v2) this module computes what sentence-transformers 6 computes with
 transformers 5's ``BertModel`` and its SDPA attention: the same torch operations, in the same
-order, on the same tensors, so the embeddings are bit-identical (tested against
+order, on the same tensors, so with torch's own linear layers (``blas`` below) the
+embeddings are bit-identical (tested against
 sentence-transformers on real and edge-case sentences, alone and in batches, and in every
 length bucket, on the CPU). Which directories it runs is an allowlist: their configs and
 tokenizer files (everything but the weights, whose names, shapes and dtype are checked) must
 be a layout verified this way (:data:`VERIFIED_LAYOUTS`), because sentence-transformers and
 transformers read many settings (a tokenizer's lower-casing, a checkpoint's dtype, prompts,
 the attention implementation) that this forward pass does not implement. Any other directory
-(:func:`refusal` says why) is run by sentence-transformers as before; a bundle records
-neither, since both give the same bits.
+(:func:`refusal` says why) is run by sentence-transformers as before; a bundle does not
+record which of the two ran, since both give the same bits (it records ``onednn``, below).
 
 The weights come from the directory's ``model.safetensors``; the tokens from its
 ``tokenizer.json`` (:class:`sentdp.encoder_layout.SentenceTokenizer`).
@@ -201,6 +202,15 @@ class TorchBert:
         """``blas`` or ``onednn`` on the CPU (see :data:`CPU_LINEARS`); None on a GPU."""
         self._packed: dict[str, Any] = {}
         if self.cpu_linear == "onednn":
+            # oneDNN's float32 linear honours this process-wide setting, MKL does not: bf16
+            # would move embeddings by about 1e-3 without anything recording it
+            matmul = getattr(torch.backends.mkldnn, "matmul", None)
+            precision = getattr(matmul, "fp32_precision", "none")
+            if precision not in ("none", "ieee"):
+                raise InputError(
+                    f"oneDNN's float32 matmul precision is {precision!r} in this process; "
+                    "sentdp's encoder runs its linear layers in full float32"
+                )
             for layer in range(self.layers):
                 for part in LINEAR_PARTS:
                     name = f"encoder.layer.{layer}.{part}"

@@ -27,6 +27,7 @@ import bentoml
 import numpy as np
 from bentoml.validators import ContentType
 
+from sentdp.errors import InputError
 from sentdp.mean_selection import MeanCandidate
 from sentdp.mechanism import DeepCandidate
 from service import logs
@@ -190,7 +191,11 @@ class Worker:
         """No encoder mode passed a bucket's check after start-up: every item is refused."""
         self.closed_marker = closed_marker()
         self.rechoices = 0
-        self.compute.run(self._open_encoder, settings)
+        try:
+            self.compute.run(self._open_encoder, settings)
+        except InputError as problem:  # a setting or the bundle; exception messages are redacted
+            logs.log_event("refusing_to_start", logging.ERROR, reason=str(problem))
+            raise
         logs.log_event("worker_start_phases", logging.INFO, **self.phases.seconds)
         checks = threading.Thread(target=self._check_buckets, name="sentdp-bucket-checks")
         checks.daemon = True
