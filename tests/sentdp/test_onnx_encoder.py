@@ -269,6 +269,11 @@ def test_an_evaluation_never_mixes_backends(tmp_path) -> None:
     _check_same_corpus([torch_bundle, torch_bundle])
     with pytest.raises(ValueError, match="must share an encoder"):
         _check_same_corpus([torch_bundle, onnx_bundle])
+    # which library ran torch's linear layers in training does not matter: this run encodes
+    # with its own SENTDP_CPU_LINEAR
+    encoder = dict(torch_bundle.manifest.encoder) | {"cpu_linear": "onednn"}
+    onednn_manifest = torch_bundle.manifest.model_copy(update={"encoder": encoder})
+    _check_same_corpus([torch_bundle, dataclasses.replace(torch_bundle, manifest=onednn_manifest)])
 
 
 def test_exported_graphs_end_at_token_embeddings_and_pool_outside(exported) -> None:
