@@ -45,7 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for tests.support
 from service.settings import load_settings
-from tests.support import TENANTS, Server, write_tenants
+from tests.support import TENANTS, Server, log_events, write_tenants
 
 THREADS = 2
 
@@ -232,18 +232,11 @@ def threading_suffix(backend: str, threading: str) -> str:
 def encoder_mode(server: Server) -> str:
     """The worker's encoder mode from its start-up log (cpu, cpu-fixed-batch, ...), with
     the linear layers' library of a torch encoder on the CPU (``cpu (onednn)``)."""
-    import json
-
-    for line in (server.log.read_text(errors="replace") if server.log else "").splitlines():
-        if "encoder_batch_invariance" in line and '"mode"' in line:
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            mode = str(entry.get("mode"))
-            linear = entry.get("cpu_linear")
-            return f"{mode} ({linear})" if linear else mode
-    return "unknown"
+    chosen = log_events(server.log, "encoder_batch_invariance") if server.log else []
+    if not chosen:
+        return "unknown"
+    mode, linear = str(chosen[0].get("mode")), chosen[0].get("cpu_linear")
+    return f"{mode} ({linear})" if linear else mode
 
 
 class RssSampler(threading.Thread):
