@@ -27,13 +27,16 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from sentdp.blas import one_blas_thread
 from sentdp.errors import InputError
+
+if TYPE_CHECKING:
+    from sentdp.torch_bert import CpuLinear
 
 LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Padded token lengths; a sentence goes to the smallest bucket that holds it."""
@@ -227,7 +230,7 @@ class SentenceEncoder:
         fixed_batch: bool = False,
         plain_torch: bool | None = None,
         cuda_graphs: bool = True,
-        cpu_linear: str = "blas",
+        cpu_linear: CpuLinear = "blas",
     ) -> None:
         from sentdp import torch_bert
 
@@ -440,7 +443,7 @@ def open_encoder(
     cuda_graphs: bool = True,
     spin_between_runs: bool = False,
     onnx_threading: OnnxThreading = "rows",
-    cpu_linear: str = "blas",
+    cpu_linear: CpuLinear = "blas",
 ) -> Encoder:
     """G from an encoder directory, run by ``backend`` (ONNX backends run on the CPU, their
     ``threads`` over row pieces of each pass or, ``onnx_threading="operators"``, inside each

@@ -36,7 +36,7 @@ import hashlib
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -67,9 +67,10 @@ VERIFIED_LAYOUTS = {
 with sentence-transformers' (``tests/sentdp/test_torch_bert.py``)."""
 
 
-CPU_LINEARS = ("auto", "blas", "onednn")
+CpuLinear = Literal["auto", "blas", "onednn"]
 """How the linear layers run on the CPU: ``auto`` is oneDNN on AMD CPUs (where MKL runs its
 AVX2 code) when torch has it, and torch's BLAS elsewhere."""
+CPU_LINEARS: tuple[str, ...] = get_args(CpuLinear)
 LINEAR_PARTS = (
     "attention.self.query",
     "attention.self.key",
@@ -170,7 +171,7 @@ class TorchBert:
         model_dir: Path,
         device: str = "cpu",
         cuda_graphs: bool = False,
-        cpu_linear: str = "blas",
+        cpu_linear: CpuLinear = "blas",
     ) -> None:
         import torch
         from safetensors.torch import load_file

@@ -152,7 +152,7 @@ class ServiceSettings(BaseSettings):
     encoder alone ran 1.03-1.32x as fast with rows, the service 2-9% faster at concurrency 1
     and between 4% slower and 33% faster at 32 (docs/performance.md, "Threads over rows").
     torch bundles ignore it."""
-    cpu_linear: Literal["auto", "blas", "onednn"] = "auto"  # sentdp.torch_bert.CPU_LINEARS
+    cpu_linear: Literal["auto", "blas", "onednn"] = "auto"  # sentdp.torch_bert.CpuLinear
     """How a torch bundle's encoder runs its linear layers on the CPU: ``blas`` (torch's MKL,
     sentence-transformers' bits), ``onednn`` (weights packed once; 2.4x MKL's linear layers and
     about 2x the encoder on a 2-core AMD EPYC Zen 5, whose AVX-512 MKL leaves unused), or

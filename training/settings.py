@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import platformdirs
 from pydantic import Field, ValidationError, field_validator
@@ -11,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sentdp.encoders import OnnxThreading, named_device
 from sentdp.errors import SettingsError
+from sentdp.torch_bert import CpuLinear
 
 
 class TrainingSettings(BaseSettings):
@@ -30,7 +30,7 @@ class TrainingSettings(BaseSettings):
     encoder_threading: OnnxThreading = "rows"
     """How an ONNX encoder uses its threads: on row pieces of each pass side by side, or
     inside each operator (as the service's ``SENTDP_ENCODER_THREADING``)."""
-    cpu_linear: Literal["auto", "blas", "onednn"] = "auto"
+    cpu_linear: CpuLinear = "auto"
     """How the torch encoder runs its linear layers on the CPU (as the service's
     ``SENTDP_CPU_LINEAR``): the bundle records ``onednn`` when it ran, and the embeddings
     cache keeps the two apart."""
