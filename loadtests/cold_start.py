@@ -27,6 +27,7 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadtests.bench_service import RssSampler, encoder_mode, load, load_documents, serve
@@ -61,16 +62,26 @@ class NoPhasesError(LookupError):
     """The server's log holds no ``worker_start_phases``."""
 
 
-def start_parts(server: Server, ready: float) -> dict[str, float]:
-    """Where the cold start went, in seconds, from the server's log: launch to the worker's
-    start, each phase of it, the checks of the worker's thread, the dispatcher's warm-up,
-    and the rest until ``ready`` (Unix time); they add up to the cold start. Log times have
-    millisecond resolution. :class:`NoPhasesError` when the log lacks the worker's phases."""
+def _start_phases(server: Server) -> list[dict[str, Any]]:
+    """Every worker process's ``worker_start_phases``, in log order (:class:`NoPhasesError`
+    when there is none)."""
     if server.log is None:
         raise NoPhasesError("no server log")
     phases = log_events(server.log, "worker_start_phases")
     if not phases:
         raise NoPhasesError("no worker_start_phases in the log")
+    return phases
+
+
+def start_parts(
+    server: Server, ready: float, phases: list[dict[str, Any]] | None = None
+) -> dict[str, float]:
+    """Where the cold start went, in seconds, from the server's log: launch to the worker's
+    start, each phase of it, the checks of the worker's thread, the dispatcher's warm-up,
+    and the rest until ``ready`` (Unix time); they add up to the cold start. Log times have
+    millisecond resolution. ``phases``: the log's ``worker_start_phases`` if already read.
+    :class:`NoPhasesError` when the log lacks the worker's phases."""
+    phases = phases or _start_phases(server)
     seconds = {k: float(v) for k, v in phases[-1].items() if k not in LOG_FIELDS}
     launched = ready - server.cold_start_seconds
     parts = {"launch to worker start": _epoch(phases[-1]) - sum(seconds.values()) - launched}
@@ -88,13 +99,13 @@ def start_parts(server: Server, ready: float) -> dict[str, float]:
 def start_breakdown(server: Server, ready: float) -> str:
     """:func:`start_parts` as one line, or why there is none."""
     try:
-        parts = start_parts(server, ready)
+        phases = _start_phases(server)
     except NoPhasesError as missing:
         return str(missing)
-    workers = len(log_events(server.log, "worker_start_phases")) if server.log else 0
+    parts = start_parts(server, ready, phases)
     text = [f"{name} {value:.2f}" for name, value in parts.items()]
-    if workers > 1:
-        text[0] += f" (the last of {workers} worker processes)"
+    if len(phases) > 1:
+        text[0] += f" (the last of {len(phases)} worker processes)"
     return "cold start, seconds: " + ", ".join(text)
 
 
