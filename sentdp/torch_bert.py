@@ -24,10 +24,12 @@ On the CPU the linear layers run either where torch sends them (``blas``: MKL in
 wheels, which gives sentence-transformers' bits) or in oneDNN with weights packed once
 (``onednn``). MKL picks its kernels by CPU vendor and runs AVX2 code on AMD CPUs; oneDNN picks
 them by instruction set, and on a 2-core AMD EPYC Zen 5 its linear layers ran 2.4x MKL's and
-the whole encoder about 2x (docs/performance.md). oneDNN's embeddings differ from MKL's in the
-last bits (at most about 3e-7 measured), so a bundle records which ran in training; either way a
-row's bits must not depend on the rows beside it, which the worker's start-up check verifies
-on the encoder as it serves.
+the whole encoder about 2x. On a 2-core Intel Xeon with AMX the two ran about as fast, but
+MKL's rows moved with the rows beside them in plain length buckets, which sent the worker to
+slower fixed-shape passes, while oneDNN's did not (docs/performance.md). oneDNN's embeddings
+differ from MKL's in the last bits (at most about 3e-7 measured), so a bundle records which
+ran in training; either way a row's bits must not depend on the rows beside it, which the
+worker's start-up check verifies on the encoder as it serves.
 """
 
 from __future__ import annotations
@@ -68,9 +70,13 @@ with sentence-transformers' (``tests/sentdp/test_torch_bert.py``)."""
 
 
 CpuLinear = Literal["auto", "blas", "onednn"]
-"""How the linear layers run on the CPU: ``auto`` is oneDNN on AMD CPUs (where MKL runs its
-AVX2 code) when torch has it, and torch's BLAS elsewhere."""
+"""How the linear layers run on the CPU: ``auto`` is oneDNN on x86-64 CPUs (:data:`ONEDNN_VENDORS`)
+when torch has it, and torch's BLAS elsewhere."""
 CPU_LINEARS: tuple[str, ...] = get_args(CpuLinear)
+ONEDNN_VENDORS = frozenset({"AuthenticAMD", "GenuineIntel"})
+"""CPU vendors on which ``auto`` picks oneDNN: measured faster than MKL on an AMD EPYC Zen 5,
+and on an Intel Xeon with AMX as fast, with rows that kept their bits in plain buckets where
+MKL's did not. Elsewhere (ARM, an unreadable ``/proc/cpuinfo``) nothing was measured."""
 LINEAR_PARTS = (
     "attention.self.query",
     "attention.self.key",
@@ -119,7 +125,7 @@ def resolve_cpu_linear(requested: str, vendor: str | None = None) -> str:
             raise InputError("this torch build cannot run linear layers in oneDNN")
         return "onednn"
     vendor = cpu_vendor() if vendor is None else vendor
-    return "onednn" if available and vendor == "AuthenticAMD" else "blas"
+    return "onednn" if available and vendor in ONEDNN_VENDORS else "blas"
 
 
 def layout_sha256(model_dir: Path) -> str:

@@ -1,6 +1,6 @@
 """oneDNN's linear layers for the torch encoder on the CPU: a row's bits still depend on that
 row alone, the embeddings stay within float32 rounding of MKL's, ``auto`` picks it on AMD
-CPUs only, and training caches and records the two apart."""
+and Intel CPUs only, and training caches and records the two apart."""
 
 from __future__ import annotations
 
@@ -77,10 +77,12 @@ def test_onednn_packs_the_linear_weights_once(onednn) -> None:
     assert all(f"{name}.bias" in bert._weights for name in bert._packed)
 
 
-def test_auto_is_onednn_on_amd_cpus_and_blas_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_is_onednn_on_x86_cpus_and_blas_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch_bert, "onednn_linear_available", lambda: True)
     assert torch_bert.resolve_cpu_linear("auto", vendor="AuthenticAMD") == "onednn"
-    assert torch_bert.resolve_cpu_linear("auto", vendor="GenuineIntel") == "blas"
+    assert torch_bert.resolve_cpu_linear("auto", vendor="GenuineIntel") == "onednn"
+    assert torch_bert.resolve_cpu_linear("auto", vendor="ARM") == "blas"
+    assert torch_bert.resolve_cpu_linear("blas", vendor="GenuineIntel") == "blas"
     assert torch_bert.resolve_cpu_linear("blas", vendor="AuthenticAMD") == "blas"
     assert torch_bert.resolve_cpu_linear("onednn", vendor="GenuineIntel") == "onednn"
     monkeypatch.setattr(torch_bert, "onednn_linear_available", lambda: False)
