@@ -81,6 +81,8 @@ def start_parts(
     and the rest until ``ready`` (Unix time); they add up to the cold start. Log times have
     millisecond resolution. ``phases``: the log's ``worker_start_phases`` if already read.
     :class:`NoPhasesError` when the log lacks the worker's phases."""
+    if server.log is None:
+        raise NoPhasesError("no server log")
     phases = phases or _start_phases(server)
     seconds = {k: float(v) for k, v in phases[-1].items() if k not in LOG_FIELDS}
     launched = ready - server.cold_start_seconds
