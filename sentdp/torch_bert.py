@@ -112,9 +112,44 @@ def onednn_linear_available() -> bool:
     )
 
 
+def onednn_precision_error() -> str | None:
+    """Why oneDNN's float32 linear layers would not compute in float32 in this process, or
+    None. MKL ignores both ways of lowering it, oneDNN honours them: torch's
+    ``torch.backends.mkldnn.matmul.fp32_precision`` and oneDNN's own default math mode
+    (``ONEDNN_DEFAULT_FPMATH_MODE``, read from the environment once per process). In bf16
+    the embeddings would move by about 1e-3 without anything recording it, so one small
+    product is compared with MKL's, which catches either."""
+    import torch
+
+    matmul = getattr(torch.backends.mkldnn, "matmul", None)
+    precision = getattr(matmul, "fp32_precision", "none")
+    if precision not in ("none", "ieee"):
+        return (
+            f"oneDNN's float32 matmul precision is {precision!r} in this process; "
+            "sentdp's encoder runs its linear layers in full float32"
+        )
+    generator = torch.Generator().manual_seed(0)
+    value = torch.randn(32, 384, generator=generator)
+    weight = torch.randn(384, 384, generator=generator)
+    bias = torch.zeros(384)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+    ours = torch.ops.mkldnn._linear_pointwise(value, packed, bias, "none", [], "")
+    # float32 sums of 384 products in another order differ by at most about 4e-5; bf16 by 1e-1
+    moved = float((ours - torch.nn.functional.linear(value, weight, bias)).abs().max())
+    if moved > 1e-3:
+        return (
+            f"oneDNN's float32 linear layers round below float32 in this process (a test "
+            f"product moved by {moved:.1e} from MKL's; is ONEDNN_DEFAULT_FPMATH_MODE set?); "
+            "sentdp's encoder runs its linear layers in full float32"
+        )
+    return None
+
+
 def resolve_cpu_linear(requested: str, vendor: str | None = None) -> str:
-    """``blas`` or ``onednn`` for a requested :data:`CPU_LINEARS` value; ``onednn`` asked
-    for where torch lacks it is an error, not a silent fallback."""
+    """``blas`` or ``onednn`` for a requested :data:`CPU_LINEARS` value. ``auto`` is oneDNN
+    on :data:`ONEDNN_VENDORS` where torch has it and it computes in full float32 in this
+    process (:func:`onednn_precision_error`), and BLAS otherwise; ``onednn`` asked for where
+    torch lacks it is an error, not a silent fallback."""
     if requested not in CPU_LINEARS:
         raise InputError(f"unknown CPU linear {requested!r}; one of {CPU_LINEARS}")
     if requested == "blas":
@@ -125,7 +160,9 @@ def resolve_cpu_linear(requested: str, vendor: str | None = None) -> str:
             raise InputError("this torch build cannot run linear layers in oneDNN")
         return "onednn"
     vendor = cpu_vendor() if vendor is None else vendor
-    return "onednn" if available and vendor in ONEDNN_VENDORS else "blas"
+    if not available or vendor not in ONEDNN_VENDORS:
+        return "blas"
+    return "blas" if onednn_precision_error() else "onednn"
 
 
 def layout_sha256(model_dir: Path) -> str:
@@ -209,15 +246,9 @@ class TorchBert:
         """``blas`` or ``onednn`` on the CPU (see :data:`CPU_LINEARS`); None on a GPU."""
         self._packed: dict[str, Any] = {}
         if self.cpu_linear == "onednn":
-            # oneDNN's float32 linear honours this process-wide setting, MKL does not: bf16
-            # would move embeddings by about 1e-3 without anything recording it
-            matmul = getattr(torch.backends.mkldnn, "matmul", None)
-            precision = getattr(matmul, "fp32_precision", "none")
-            if precision not in ("none", "ieee"):
-                raise InputError(
-                    f"oneDNN's float32 matmul precision is {precision!r} in this process; "
-                    "sentdp's encoder runs its linear layers in full float32"
-                )
+            reduced = onednn_precision_error()
+            if reduced:
+                raise InputError(reduced)
             for layer in range(self.layers):
                 for part in LINEAR_PARTS:
                     name = f"encoder.layer.{layer}.{part}"

@@ -4,6 +4,9 @@ and Intel CPUs only, and training caches and records the two apart."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -79,12 +82,15 @@ def test_onednn_packs_the_linear_weights_once(onednn) -> None:
 
 def test_auto_is_onednn_on_x86_cpus_and_blas_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch_bert, "onednn_linear_available", lambda: True)
+    monkeypatch.setattr(torch_bert, "onednn_precision_error", lambda: None)
     assert torch_bert.resolve_cpu_linear("auto", vendor="AuthenticAMD") == "onednn"
     assert torch_bert.resolve_cpu_linear("auto", vendor="GenuineIntel") == "onednn"
     assert torch_bert.resolve_cpu_linear("auto", vendor="ARM") == "blas"
     assert torch_bert.resolve_cpu_linear("blas", vendor="GenuineIntel") == "blas"
     assert torch_bert.resolve_cpu_linear("blas", vendor="AuthenticAMD") == "blas"
     assert torch_bert.resolve_cpu_linear("onednn", vendor="GenuineIntel") == "onednn"
+    monkeypatch.setattr(torch_bert, "onednn_precision_error", lambda: "rounds to bf16")
+    assert torch_bert.resolve_cpu_linear("auto", vendor="GenuineIntel") == "blas"
     monkeypatch.setattr(torch_bert, "onednn_linear_available", lambda: False)
     assert torch_bert.resolve_cpu_linear("auto", vendor="AuthenticAMD") == "blas"
     with pytest.raises(InputError, match="cannot run linear layers in oneDNN"):
@@ -106,6 +112,68 @@ def test_onednn_refuses_a_reduced_float32_precision() -> None:
     finally:
         matmul.fp32_precision = before
     assert torch_bert.TorchBert(default_encoder_path(), cpu_linear="onednn").cpu_linear == "onednn"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(flags.partition(":")[2].split())
+
+
+needs_bf16 = pytest.mark.skipif(
+    not {"avx512_bf16", "amx_bf16"} & _cpu_flags(),
+    reason="no bf16 instructions here for oneDNN to lower a float32 product to",
+)
+
+OPEN_BOTH = """
+from sentdp import torch_bert
+from sentdp.encoders import default_encoder_path
+from sentdp.errors import InputError
+print(torch_bert.TorchBert(default_encoder_path(), cpu_linear="blas").cpu_linear)
+print(torch_bert.resolve_cpu_linear("auto", vendor="GenuineIntel"))
+try:
+    torch_bert.TorchBert(default_encoder_path(), cpu_linear="onednn")
+except InputError as error:
+    print(error)
+else:
+    print("opened")
+"""
+
+
+@needs_onednn
+@pytest.mark.parametrize(
+    ("variable", "mode", "auto", "last_line"),
+    [
+        pytest.param(
+            "ONEDNN_DEFAULT_FPMATH_MODE", "BF16", "blas", "round below float32", marks=needs_bf16
+        ),
+        pytest.param(
+            "DNNL_DEFAULT_FPMATH_MODE", "BF16", "blas", "round below float32", marks=needs_bf16
+        ),
+        ("ONEDNN_DEFAULT_FPMATH_MODE", "STRICT", "onednn", "opened"),
+    ],
+)
+def test_onednn_refuses_its_own_reduced_default_math_mode(
+    variable: str, mode: str, auto: str, last_line: str
+) -> None:
+    """oneDNN reads its default math mode from the environment once per process, so each
+    setting opens the encoder in a fresh one: asked for, oneDNN is refused; ``auto`` keeps
+    MKL, which ignores the mode and opens either way."""
+    run = subprocess.run(
+        [sys.executable, "-c", OPEN_BOTH],
+        env=os.environ | {variable: mode},
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    lines = run.stdout.splitlines()
+    assert lines[:2] == ["blas", auto], run.stdout
+    assert last_line in lines[-1], run.stdout
 
 
 def test_the_cpu_vendor_is_read_from_cpuinfo(tmp_path: Path) -> None:
