@@ -295,6 +295,11 @@ class SentenceEncoder:
         None on a GPU or in sentence-transformers."""
         return self._bert.cpu_linear if self._bert is not None else None
 
+    @property
+    def cpu_linear_note(self) -> str | None:
+        """Why ``auto`` kept BLAS where it would have picked oneDNN, or None."""
+        return self._bert.cpu_linear_note if self._bert is not None else None
+
     def describe(self) -> dict[str, Any]:
         """What a model bundle records about G (and what keys its embeddings cache). The
         linear layers' library is recorded when it is oneDNN, for the record and the cache:

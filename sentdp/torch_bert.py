@@ -34,6 +34,7 @@ worker's start-up check verifies on the encoder as it serves.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
@@ -112,13 +113,52 @@ def onednn_linear_available() -> bool:
     )
 
 
+PROBE_SHAPES = ((1, 384, 384), (37, 384, 1536), (256, 1536, 384))
+"""(rows, inputs, outputs) of the products :func:`linear_rounding` checks: the encoder's
+three linear shapes, with a row count that is a lone token, an odd tail and a full block,
+since oneDNN decides per kernel whether to round float32 down."""
+ROUNDING_LIMIT = 2e-3
+"""The most a probe product may move from float64's. On an Intel Xeon with AMX, float32 moved
+them by at most 1.9e-4 (oneDNN; MKL 1.0e-4), and oneDNN told to use bf16 by 0.42."""
+
+
+def linear_rounding(linear: Any) -> float:
+    """The largest distance of ``linear(value, weight)``'s float32 products (``value`` rows
+    by ``weight``'s transpose) over :data:`PROBE_SHAPES` from the same products in float64."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)  # not the process's own random state
+    moved = 0.0
+    for rows, inputs, outputs in PROBE_SHAPES:
+        value = torch.randn(rows, inputs, generator=generator)
+        weight = torch.randn(outputs, inputs, generator=generator)
+        exact = value.double() @ weight.double().T
+        moved = max(moved, float((linear(value, weight).double() - exact).abs().max()))
+    return moved
+
+
+def _onednn_linear(value: Any, weight: Any) -> Any:
+    import torch
+
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+    bias = torch.zeros(weight.shape[0])
+    return torch.ops.mkldnn._linear_pointwise(value, packed, bias, "none", [], "")
+
+
+@functools.lru_cache(maxsize=4)
+def _onednn_rounding(precision: str) -> float:
+    """:func:`linear_rounding` of oneDNN under torch's ``fp32_precision`` ``precision``
+    (oneDNN's own default is read once per process, so this is too)."""
+    return linear_rounding(_onednn_linear)
+
+
 def onednn_precision_error() -> str | None:
     """Why oneDNN's float32 linear layers would not compute in float32 in this process, or
     None. MKL ignores both ways of lowering it, oneDNN honours them: torch's
     ``torch.backends.mkldnn.matmul.fp32_precision`` and oneDNN's own default math mode
     (``ONEDNN_DEFAULT_FPMATH_MODE``, read from the environment once per process). In bf16
-    the embeddings would move by about 1e-3 without anything recording it, so one small
-    product is compared with MKL's, which catches either."""
+    the embeddings would move by about 1e-3 without anything recording it, so a few products
+    are compared with float64's (:func:`linear_rounding`), which catches either."""
     import torch
 
     matmul = getattr(torch.backends.mkldnn, "matmul", None)
@@ -128,19 +168,12 @@ def onednn_precision_error() -> str | None:
             f"oneDNN's float32 matmul precision is {precision!r} in this process; "
             "sentdp's encoder runs its linear layers in full float32"
         )
-    generator = torch.Generator().manual_seed(0)
-    value = torch.randn(32, 384, generator=generator)
-    weight = torch.randn(384, 384, generator=generator)
-    bias = torch.zeros(384)
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-    ours = torch.ops.mkldnn._linear_pointwise(value, packed, bias, "none", [], "")
-    # float32 sums of 384 products in another order differ by at most about 4e-5; bf16 by 1e-1
-    moved = float((ours - torch.nn.functional.linear(value, weight, bias)).abs().max())
-    if moved > 1e-3:
+    moved = _onednn_rounding(str(precision))
+    if moved > ROUNDING_LIMIT:
         return (
-            f"oneDNN's float32 linear layers round below float32 in this process (a test "
-            f"product moved by {moved:.1e} from MKL's; is ONEDNN_DEFAULT_FPMATH_MODE set?); "
-            "sentdp's encoder runs its linear layers in full float32"
+            f"oneDNN's float32 linear layers round below float32 in this process (test "
+            f"products moved by {moved:.1e} from float64's; is ONEDNN_DEFAULT_FPMATH_MODE "
+            "set?); sentdp's encoder runs its linear layers in full float32"
         )
     return None
 
@@ -159,10 +192,19 @@ def resolve_cpu_linear(requested: str, vendor: str | None = None) -> str:
         if not available:
             raise InputError("this torch build cannot run linear layers in oneDNN")
         return "onednn"
+    return auto_cpu_linear(vendor)[0]
+
+
+def auto_cpu_linear(vendor: str | None = None) -> tuple[str, str | None]:
+    """What ``auto`` picks here (``vendor``: this CPU's when None), and why it keeps BLAS on
+    a CPU where it would pick oneDNN but oneDNN rounds below float32 (None otherwise)."""
     vendor = cpu_vendor() if vendor is None else vendor
-    if not available or vendor not in ONEDNN_VENDORS:
-        return "blas"
-    return "blas" if onednn_precision_error() else "onednn"
+    if not onednn_linear_available() or vendor not in ONEDNN_VENDORS:
+        return "blas", None
+    reduced = onednn_precision_error()
+    if reduced:
+        return "blas", f"SENTDP_CPU_LINEAR=auto keeps BLAS: {reduced}"
+    return "onednn", None
 
 
 def layout_sha256(model_dir: Path) -> str:
@@ -242,7 +284,14 @@ class TorchBert:
                 )
             self._weights[name] = tensor
         self.device = device
-        self.cpu_linear = resolve_cpu_linear(cpu_linear) if str(device) == "cpu" else None
+        self.cpu_linear_note: str | None = None
+        """Why ``auto`` kept BLAS where it would have picked oneDNN (:func:`auto_cpu_linear`)."""
+        if str(device) != "cpu":
+            self.cpu_linear: str | None = None
+        elif cpu_linear == "auto":
+            self.cpu_linear, self.cpu_linear_note = auto_cpu_linear()
+        else:
+            self.cpu_linear = resolve_cpu_linear(cpu_linear)
         """``blas`` or ``onednn`` on the CPU (see :data:`CPU_LINEARS`); None on a GPU."""
         self._packed: dict[str, Any] = {}
         if self.cpu_linear == "onednn":

@@ -223,12 +223,16 @@ def _serving(encoder: Any, device: str, mode: str) -> tuple[Any, str]:
     level = logging.WARNING if mode == "cpu-fallback" else logging.INFO
     graphs = bool(getattr(encoder, "cuda_graphs", False))
     linear = getattr(encoder, "cpu_linear", None)  # torch on the CPU: blas or onednn
+    # auto kept BLAS because oneDNN would round below float32 (the operator's environment)
+    note = getattr(encoder, "cpu_linear_note", None)
+    extra = {"cpu_linear_note": note} if note else {}
     logs.log_event(
         "encoder_batch_invariance",
-        level,
+        logging.WARNING if note else level,
         device=device,
         mode=mode,
         cuda_graphs=graphs,
         cpu_linear=linear,
+        **extra,
     )
     return encoder, mode

@@ -157,11 +157,12 @@ class ServiceSettings(BaseSettings):
     sentence-transformers' bits), ``onednn`` (weights packed once; 2.4x MKL's linear layers and
     about 2x the encoder on a 2-core AMD EPYC Zen 5, whose AVX-512 MKL leaves unused; on an
     Intel Xeon with AMX as fast as MKL, and the only one whose rows kept their bits in plain
-    buckets), or ``auto``: oneDNN on AMD and Intel CPUs, BLAS elsewhere. The worker's
-    start-up check runs on the encoder as it serves either way. A bundle records ``onednn``
-    when its training ran it; serving chooses by this setting, whatever the bundle records
-    (the bits differ by about 3e-7). ONNX bundles ignore it, and so does a worker on a GPU
-    unless it falls back to the CPU."""
+    buckets), or ``auto``: oneDNN on AMD and Intel CPUs, BLAS elsewhere and where oneDNN
+    would round below float32 (``ONEDNN_DEFAULT_FPMATH_MODE=BF16``, which ``onednn`` refuses).
+    The worker's start-up check runs on the encoder as it serves either way. A bundle
+    records ``onednn`` when its training ran it; serving chooses by this setting, whatever
+    the bundle records (the bits differ by about 3e-7). ONNX bundles ignore it, and so does a
+    worker on a GPU unless it falls back to the CPU."""
     encoder_spin_between_runs: bool = False
     """Keep ONNX Runtime's threads spinning after each encoder run, its own default (torch
     bundles ignore it; in ``rows`` threading no run has more than one thread). Off, they stop

@@ -21,6 +21,8 @@ class FakeEncoder:
     moves: bool = False
     capture_fails: bool = False
     warmed: list[bool] = field(default_factory=list)
+    cpu_linear: str | None = None
+    cpu_linear_note: str | None = None
 
     def warm_up(self) -> None:
         if self.capture_fails:
@@ -148,6 +150,25 @@ def test_only_a_fallback_to_the_cpu_is_logged_as_a_warning(
         if getattr(r, "sentdp_fields", {}).get("event") == "encoder_batch_invariance"
     ]
     assert serving.levelno == level
+
+
+@pytest.mark.parametrize("note", [None, "SENTDP_CPU_LINEAR=auto keeps BLAS: rounds to bf16"])
+def test_auto_keeping_blas_is_logged_with_its_reason(
+    note: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator whose environment lowers oneDNN's precision learns why the encoder kept
+    BLAS (and, on a CPU whose MKL rows move, fixed-shape passes) from the start-up log."""
+    with caplog.at_level(logging.INFO, logger="sentdp.service"):
+        choose(FakeEncoder("cpu", cpu_linear="blas", cpu_linear_note=note), Opener({}))
+    (serving,) = [
+        r
+        for r in caplog.records
+        if getattr(r, "sentdp_fields", {}).get("event") == "encoder_batch_invariance"
+    ]
+    fields = serving.sentdp_fields  # type: ignore[attr-defined]
+    assert (fields["mode"], fields["cpu_linear"]) == ("cpu", "blas")
+    assert fields.get("cpu_linear_note") == note
+    assert serving.levelno == (logging.WARNING if note else logging.INFO)
 
 
 def test_the_worker_checks_an_encoder_in_fixed_shape_batches_over_every_pass_layout() -> None:
