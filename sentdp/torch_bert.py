@@ -71,8 +71,9 @@ with sentence-transformers' (``tests/sentdp/test_torch_bert.py``)."""
 
 
 CpuLinear = Literal["auto", "blas", "onednn"]
-"""How the linear layers run on the CPU: ``auto`` is oneDNN on x86-64 CPUs (:data:`ONEDNN_VENDORS`)
-when torch has it, and torch's BLAS elsewhere."""
+"""How the linear layers run on the CPU: ``auto`` is oneDNN on x86-64 CPUs
+(:data:`ONEDNN_VENDORS`) when torch has it and it computes in full float32, and torch's BLAS
+otherwise (:func:`auto_cpu_linear`)."""
 CPU_LINEARS: tuple[str, ...] = get_args(CpuLinear)
 ONEDNN_VENDORS = frozenset({"AuthenticAMD", "GenuineIntel"})
 """CPU vendors on which ``auto`` picks oneDNN: measured faster than MKL on an AMD EPYC Zen 5,
@@ -147,8 +148,8 @@ def _onednn_linear(value: Any, weight: Any) -> Any:
 
 @functools.lru_cache(maxsize=4)
 def _onednn_rounding(precision: str) -> float:
-    """:func:`linear_rounding` of oneDNN under torch's ``fp32_precision`` ``precision``
-    (oneDNN's own default is read once per process, so this is too)."""
+    """:func:`linear_rounding` of oneDNN, once per value of torch's ``fp32_precision`` (the
+    cache key; oneDNN's own default math mode is read once per process)."""
     return linear_rounding(_onednn_linear)
 
 
@@ -284,15 +285,14 @@ class TorchBert:
                 )
             self._weights[name] = tensor
         self.device = device
+        self.cpu_linear: str | None = None
+        """``blas`` or ``onednn`` on the CPU (see :data:`CPU_LINEARS`); None on a GPU."""
         self.cpu_linear_note: str | None = None
         """Why ``auto`` kept BLAS where it would have picked oneDNN (:func:`auto_cpu_linear`)."""
-        if str(device) != "cpu":
-            self.cpu_linear: str | None = None
-        elif cpu_linear == "auto":
+        if str(device) == "cpu" and cpu_linear == "auto":
             self.cpu_linear, self.cpu_linear_note = auto_cpu_linear()
-        else:
+        elif str(device) == "cpu":
             self.cpu_linear = resolve_cpu_linear(cpu_linear)
-        """``blas`` or ``onednn`` on the CPU (see :data:`CPU_LINEARS`); None on a GPU."""
         self._packed: dict[str, Any] = {}
         if self.cpu_linear == "onednn":
             reduced = onednn_precision_error()
