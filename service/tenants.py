@@ -176,6 +176,10 @@ class TenantRegistry:
         return list(self._by_id.values())
 
 
+RELOAD_SECONDS = 1.0
+"""How long a running server's process may keep serving its last look at the tenants file."""
+
+
 class TenantSource:
     """The tenants file of a running server, re-read when it changes.
 
@@ -185,7 +189,10 @@ class TenantSource:
     """
 
     def __init__(
-        self, path: Path, interval: float = 1.0, clock: Callable[[], float] = time.monotonic
+        self,
+        path: Path,
+        interval: float = RELOAD_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = path
         self.interval = interval

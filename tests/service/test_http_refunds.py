@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from service.tenants import RELOAD_SECONDS
 from tests.support import TENANTS, TEXT, client, error_of, ledger_of, privatize, read_journal
 
 pytestmark = pytest.mark.server
@@ -74,12 +75,17 @@ def test_one_failing_document_is_refunded_alone_and_the_replay_keeps_503(server)
 
 def _settles_on(server, key: str, expected: int) -> bool:  # type: ignore[no-untyped-def]
     """Whether /budget under ``key`` answers ``expected`` in every gateway process within
-    10 s (the tenants file is read again within a second of a change)."""
+    10 s of a change to the tenants file. Each process reads the file again at its first
+    request a second or more after its last look, so waiting that second first means every
+    process has seen the change: four requests in a row cannot tell that by themselves, since
+    all four may reach the process that looked last (a CI run on 2 cores saw the other one
+    still refuse the new key just after)."""
 
     def status() -> int:
         with client(server, key) as http:
             return http.post("/budget", json={"user": "rk-user"}).status_code
 
+    time.sleep(RELOAD_SECONDS + 0.2)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if all(status() == expected for _ in range(4)):  # both gateway processes
