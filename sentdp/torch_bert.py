@@ -183,17 +183,20 @@ def resolve_cpu_linear(requested: str, vendor: str | None = None) -> str:
     """``blas`` or ``onednn`` for a requested :data:`CPU_LINEARS` value. ``auto`` is oneDNN
     on :data:`ONEDNN_VENDORS` where torch has it and it computes in full float32 in this
     process (:func:`onednn_precision_error`), and BLAS otherwise; ``onednn`` asked for where
-    torch lacks it is an error, not a silent fallback."""
+    torch lacks it, or where it would round below float32, is an error, not a silent
+    fallback."""
     if requested not in CPU_LINEARS:
         raise InputError(f"unknown CPU linear {requested!r}; one of {CPU_LINEARS}")
     if requested == "blas":
         return "blas"
-    available = onednn_linear_available()
-    if requested == "onednn":
-        if not available:
-            raise InputError("this torch build cannot run linear layers in oneDNN")
-        return "onednn"
-    return auto_cpu_linear(vendor)[0]
+    if requested == "auto":
+        return auto_cpu_linear(vendor)[0]
+    if not onednn_linear_available():
+        raise InputError("this torch build cannot run linear layers in oneDNN")
+    reduced = onednn_precision_error()
+    if reduced:
+        raise InputError(reduced)
+    return "onednn"
 
 
 def auto_cpu_linear(vendor: str | None = None) -> tuple[str, str | None]:
@@ -295,9 +298,6 @@ class TorchBert:
             self.cpu_linear = resolve_cpu_linear(cpu_linear)
         self._packed: dict[str, Any] = {}
         if self.cpu_linear == "onednn":
-            reduced = onednn_precision_error()
-            if reduced:
-                raise InputError(reduced)
             for layer in range(self.layers):
                 for part in LINEAR_PARTS:
                     name = f"encoder.layer.{layer}.{part}"
